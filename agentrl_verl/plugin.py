@@ -1,0 +1,36 @@
+"""The one ``verl.plugins`` entry point: registers every agentrl_verl component with verl's registries.
+
+verl imports this module on ``import verl`` in the driver and in every Ray worker. verl swallows plugin
+import errors at DEBUG level, so failures are logged here at ERROR level before being re-raised, and
+``tests/agentrl_verl/test_plugin.py`` asserts that registration really happened.
+
+Each module in :data:`COMPONENTS` has a ``register()`` function that is called once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+logger = logging.getLogger(__name__)
+
+COMPONENTS: tuple[str, ...] = ()
+
+_registered = False
+
+
+def register() -> None:
+    """Register all components (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    for name in COMPONENTS:
+        try:
+            importlib.import_module(name).register()
+        except Exception:
+            logger.exception("agentrl_verl: registering %s with verl failed", name)
+            raise
+    _registered = True
+
+
+register()

@@ -1,0 +1,9 @@
+# The `ubuntu` flavour: a bare system with a file `file.txt` holding "tmp" in the working directory.
+ARG BASE
+FROM ${BASE}
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root \
+    LANG=C.UTF-8 \
+    TERM=dumb
+RUN rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/* && echo tmp > /file.txt
+CMD ["bash"]

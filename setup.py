@@ -1,0 +1,62 @@
+"""Packaging for agentrl_verl (the verl plugin) and env_adapters (the environment stack)."""
+
+from setuptools import find_packages, setup
+
+ENV_REQUIRES = [
+    "aiohttp>=3.9",
+    "fastapi>=0.110",
+    "uvicorn>=0.29",
+    "httpx>=0.27",
+    "pydantic>=2.5",
+    "pyyaml>=6",
+    "docker>=7",
+    "pymysql>=1.1",
+]
+TRAIN_REQUIRES = [
+    "verl==0.9.1",
+    # Modules verl 0.9.1 imports at run time (agent loop, trainer, llm server) but does not declare.
+    "cachetools",
+    "pyzmq",
+    "msgspec",
+    "TransferQueue",
+    "pandas",
+    "pyarrow",
+    "matplotlib",
+]
+TEST_REQUIRES = ["pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
+
+setup(
+    name="agentrl-verl",
+    version="0.1.0",
+    description="AgentRL (multi-turn, multi-task agentic RL) as a verl plugin, with an AgentBench-FC environment stack",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["agentrl_verl", "agentrl_verl.*", "env_adapters", "env_adapters.*"]),
+    package_data={
+        "agentrl_verl": ["config/*.yaml", "config/**/*.yaml"],
+        "env_adapters": ["data/agentbench/**/*", "data/agentbench/*", "sandbox/images/*", "configs/*.yaml"],
+    },
+    include_package_data=True,
+    install_requires=ENV_REQUIRES,
+    extras_require={
+        "env": [],
+        "train": TRAIN_REQUIRES,
+        "test": TEST_REQUIRES,
+        "all": TRAIN_REQUIRES + TEST_REQUIRES,
+    },
+    entry_points={
+        "console_scripts": [
+            "agentrl-env=env_adapters.cli:main",
+            "agentrl-verl=agentrl_verl.cli:main",
+        ],
+        # verl imports every module of this group on `import verl` (also inside each Ray worker).
+        "verl.plugins": ["agentrl_verl=agentrl_verl.plugin"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ],
+)
