@@ -106,7 +106,9 @@ class Task(ABC):
         """Stop shared resources. Called once when the worker stops."""
 
 
-def function_tool(name: str, description: str, properties: dict[str, Any], required: list[str] | None = None) -> ToolSchema:
+def function_tool(
+    name: str, description: str, properties: dict[str, Any], required: list[str] | None = None
+) -> ToolSchema:
     """Build an OpenAI function tool schema."""
     return {
         "type": "function",
