@@ -4,6 +4,8 @@ from setuptools import find_packages, setup
 
 ENV_REQUIRES = [
     "aiohttp>=3.9",
+    "orjson>=3.9",  # JSON on the controller/worker hot path
+    "uvloop>=0.19; sys_platform != 'win32'",  # faster event loop for controller/worker (optional at run time)
     "fastapi>=0.110",
     "uvicorn>=0.29",
     "httpx>=0.27",

@@ -1,0 +1,543 @@
+"""Controller server: one front door for clients, dispatching sessions to the task workers.
+
+Client face (AgentBench-FC, under ``/api``): ``POST start_sample`` (session id in the ``session_id`` response
+header), ``POST interact`` / ``POST cancel`` (``session_id`` request header), ``GET get_indices?name=``,
+``GET list_workers``, ``GET list_sessions``, ``POST cancel_all`` (optional ``name``).
+Worker face: ``POST receive_heartbeat``, ``POST cancel_notice``. Operations: ``POST mark_stale``
+(drain a worker), ``POST sync_all``, ``GET version``.
+
+Behaviour (defaults as the upstream Go controller): a session goes to the alive, non-stale worker of its task
+with the most free capacity; one interact at a time per session; a session idle ``session_idle_timeout`` is
+cancelled; finished sessions are forgotten after ``finished_ttl``; a worker silent ``heartbeat_timeout`` is
+marked dead (its sessions end with ``task error``) and forgotten after ``worker_remove_after``.
+
+Deliberate extensions: start_sample waits up to ``start_wait`` seconds for capacity, then answers 503 with
+``Retry-After`` (a "busy" the client retries); its body also carries ``status``/``finish``/``reward``/
+``metrics`` when the task ended already at reset (e.g. ``task error``); heartbeats may carry an ``instance``
+id so that a worker restarted on the same address has its old sessions ended at once; errors are
+``{"detail": ...}`` with 404 for an unknown session or task and 409 for a finished or busy session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from env_adapters import __version__
+from env_adapters.http import (
+    DEFAULT_MAX_BODY_MB,
+    HTTPError,
+    auth_headers,
+    body_session_id,
+    json_response,
+    make_app,
+    read_json,
+    run_until_signal,
+    serve,
+    session_id_header,
+)
+from env_adapters.protocol import SampleStatus
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 5020
+_TERMINAL = {s.value: s for s in SampleStatus}
+
+
+@dataclass
+class ControllerConfig:
+    """Timeouts (seconds) and limits of the controller; defaults follow the upstream controller.
+
+    Attributes:
+        session_idle_timeout: A session without interact for this long is cancelled.
+        finished_ttl: A finished session is forgotten after this long (interact then answers 404).
+        interact_timeout: Longest a worker may take for one interact (or a start_sample) before the session
+            ends with ``task error``.
+        clean_interval: Period of the expiry sweep.
+        heartbeat_timeout: A worker silent this long is dead; its sessions end with ``task error``.
+        worker_remove_after: A dead worker is forgotten after this long.
+        start_wait: Longest start_sample waits for a free slot before answering 503 (busy).
+        max_body_mb: Largest request body accepted (413 beyond).
+    """
+
+    session_idle_timeout: float = 300.0
+    finished_ttl: float = 600.0
+    interact_timeout: float = 240.0
+    clean_interval: float = 20.0
+    heartbeat_timeout: float = 11.0
+    worker_remove_after: float = 300.0
+    start_wait: float = 30.0
+    max_body_mb: float = DEFAULT_MAX_BODY_MB
+
+
+@dataclass(eq=False)
+class WorkerEntry:
+    id: int
+    name: str
+    address: str
+    concurrency: int
+    indices: list[Any]
+    instance: str | None
+    last_seen: float
+    alive: bool = True
+    stale: bool = False
+    sessions: set[int] = field(default_factory=set)  # running (or starting) sessions placed here
+
+    @property
+    def free(self) -> int:
+        return self.concurrency - len(self.sessions)
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "address": self.address, "concurrency": self.concurrency,
+                "current": len(self.sessions), "alive": self.alive, "stale": self.stale,
+                "last_heartbeat_s": round(now - self.last_seen, 3)}
+
+
+@dataclass(eq=False)
+class SessionEntry:
+    id: int
+    name: str
+    worker: WorkerEntry
+    last_active: float
+    status: SampleStatus = SampleStatus.RUNNING
+    busy: bool = False
+    reward: float = 0.0
+    finished_at: float | None = None
+
+
+class _WorkerGone(Exception):
+    """The worker did not answer (connection refused/reset, or timeout)."""
+
+
+class Controller:
+    """The controller's state and routes. Single event loop; no locks needed, as no state change awaits."""
+
+    def __init__(self, config: ControllerConfig | None = None, token: str | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.token = token
+        self.workers: dict[int, WorkerEntry] = {}
+        self.sessions: dict[int, SessionEntry] = {}
+        self._by_address: dict[tuple[str, str], WorkerEntry] = {}
+        self._session_ids = itertools.count(1)
+        self._worker_ids = itertools.count(1)
+        self._waiters: dict[str, deque[asyncio.Future]] = {}
+        self._background: set[asyncio.Task] = set()
+        self._http: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._cleaner: asyncio.Task | None = None
+        self._stopped = False
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = make_app(self.token, self.config.max_body_mb)
+        app.add_routes([
+            web.post("/api/start_sample", self._start_sample),
+            web.post("/api/interact", self._interact),
+            web.post("/api/cancel", self._cancel),
+            web.get("/api/get_indices", self._get_indices),
+            web.get("/api/list_workers", self._list_workers),
+            web.get("/api/list_sessions", self._list_sessions),
+            web.post("/api/cancel_all", self._cancel_all),
+            web.post("/api/receive_heartbeat", self._receive_heartbeat),
+            web.post("/api/cancel_notice", self._cancel_notice),
+            web.post("/api/mark_stale", self._mark_stale),
+            web.post("/api/sync_all", self._sync_all),
+            web.get("/api/version", self._version),
+        ])
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> str:
+        """Serve and start the expiry sweep; return the base URL (``http://host:port``)."""
+        # No connection cap towards workers: their own concurrency bounds the requests in flight.
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=auth_headers(self.token))
+        self._runner, bound = await serve(self.app(), host, port)
+        self._cleaner = asyncio.create_task(self._clean_loop())
+        url = f"http://{host}:{bound}"
+        logger.info("controller serving at %s", url)
+        return url
+
+    async def stop(self) -> None:
+        """Stop serving and sweeping (idempotent); sessions are left to the workers' own shutdown."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._cleaner:
+            self._cleaner.cancel()
+        if self._runner:
+            await self._runner.cleanup()
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
+        if self._http:
+            await self._http.close()
+
+    # ---- talking to workers ---------------------------------------------------------------------
+
+    async def _post(self, worker: WorkerEntry, route: str, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
+        try:
+            async with self._http.post(f"{worker.address}/{route}", data=orjson.dumps(body),
+                                       headers={"Content-Type": "application/json"},
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _WorkerGone(f"worker {worker.id} ({worker.address}) {route}: {e!r}") from e
+        try:
+            return status, orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return status, {"detail": raw[:500].decode(errors="replace")}
+
+    def _fire(self, coro) -> None:
+        """Run ``coro`` in the background (kept referenced until done)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _cancel_on_worker(self, worker: WorkerEntry, sid: int) -> None:
+        try:
+            await self._post(worker, "cancel", {"session_id": sid}, timeout=10)
+        except _WorkerGone as e:
+            logger.debug("cancel of session %d not delivered: %s", sid, e)
+
+    async def _resync(self, worker: WorkerEntry) -> None:
+        """Reconcile our view of a worker's sessions with its own: end ours it lost, cancel its orphans."""
+        try:
+            async with self._http.get(f"{worker.address}/get_sessions", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                theirs = {int(sid) for sid in orjson.loads(await r.read())} if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
+            logger.warning("re-sync of worker %d failed: %r", worker.id, e)
+            return
+        if theirs is None:
+            return
+        for sid in list(worker.sessions):
+            s = self.sessions.get(sid)
+            if s is not None and sid not in theirs and not s.busy:
+                self._end(s, SampleStatus.TASK_ERROR)
+        for sid in theirs - worker.sessions:
+            self._fire(self._cancel_on_worker(worker, sid))
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+
+    def _end(self, s: SessionEntry, status: SampleStatus, reward: float = 0.0) -> bool:
+        """Mark a running session finished and free its worker slot; False if it had ended already."""
+        if s.status is not SampleStatus.RUNNING:
+            return False
+        s.status, s.reward, s.finished_at = status, reward, time.monotonic()
+        s.worker.sessions.discard(s.id)
+        self._wake(s.name)
+        return True
+
+    def _worker_down(self, worker: WorkerEntry, reason: str) -> None:
+        """A worker is dead: end its sessions with ``task error`` now (no client waits for a timeout)."""
+        if worker.alive:
+            logger.warning("worker %d (%s, %s) is down: %s; ending its %d session(s)", worker.id, worker.name,
+                           worker.address, reason, len(worker.sessions))
+        worker.alive = False
+        for sid in list(worker.sessions):
+            s = self.sessions.get(sid)
+            if s is not None:
+                self._end(s, SampleStatus.TASK_ERROR)
+        worker.sessions.clear()
+
+    def _pick(self, name: str) -> WorkerEntry | None:
+        best = None
+        for w in self.workers.values():
+            if w.name == name and w.alive and not w.stale and w.free > 0 and (best is None or w.free > best.free):
+                best = w
+        return best
+
+    def _wake(self, name: str, everyone: bool = False) -> None:
+        """Tell start_sample callers waiting for ``name`` that capacity may be free (one per freed slot)."""
+        waiters = self._waiters.get(name)
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                if not everyone:
+                    return
+
+    async def _acquire(self, name: str, deadline: float) -> WorkerEntry:
+        while True:
+            worker = self._pick(name)
+            if worker is not None:
+                return worker
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise HTTPError(503, f"busy: all workers of task {name!r} are at capacity; retry later",
+                                headers={"Retry-After": "1"})
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(name, deque()).append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                pass
+
+    def _known_task(self, name: Any) -> str:
+        if not isinstance(name, str) or not any(w.name == name for w in self.workers.values()):
+            known = sorted({w.name for w in self.workers.values()})
+            raise HTTPError(404, f"unknown task {name!r}: no worker registered it; known tasks: {known}")
+        return name
+
+    def _session(self, sid: int) -> SessionEntry:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise HTTPError(404, f"unknown session {sid} (never started, or finished more than "
+                                 f"{self.config.finished_ttl:.0f}s ago)")
+        return s
+
+    # ---- client face ----------------------------------------------------------------------------
+
+    async def _start_sample(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        name = self._known_task(data.get("name"))
+        body = {"index": data.get("index", -1), "custom_task": data.get("custom_task"), "session_id": 0}
+        deadline = time.monotonic() + self.config.start_wait
+        while True:
+            worker = await self._acquire(name, deadline)
+            sid = body["session_id"] = next(self._session_ids)
+            worker.sessions.add(sid)  # reserve before awaiting, so concurrent starts see the slot taken
+            try:
+                status, out = await self._post(worker, "start_sample", body, self.config.interact_timeout)
+            except _WorkerGone as e:
+                worker.sessions.discard(sid)
+                self._fire(self._cancel_on_worker(worker, sid))
+                self._worker_down(worker, str(e))
+                continue  # try another worker
+            if status == 503:  # shutting down
+                worker.sessions.discard(sid)
+                self._worker_down(worker, "shutting down")
+                continue
+            if status == 406:  # the worker is fuller than we thought: re-sync and try elsewhere
+                worker.sessions.discard(sid)
+                await self._resync(worker)
+                continue
+            if status != 200:
+                worker.sessions.discard(sid)
+                self._wake(name)
+                raise HTTPError(status if 400 <= status < 500 else 502,
+                                f"worker {worker.id} refused start_sample: {out.get('detail', out)}")
+            break
+        now = time.monotonic()
+        s = self.sessions[sid] = SessionEntry(sid, name, worker, now)
+        answer = {"messages": out.get("messages", []), "tools": out.get("tools") or []}
+        status = _TERMINAL.get(out.get("status"), SampleStatus.TASK_ERROR)
+        if status is not SampleStatus.RUNNING or not worker.alive:
+            self._end(s, status if worker.alive else SampleStatus.TASK_ERROR, float(out.get("reward", 0.0)))
+            answer.update(status=s.status.value, finish=True, reward=s.reward, metrics=out.get("metric", {}))
+        return json_response(answer, headers={"session_id": str(sid)})
+
+    async def _interact(self, request: web.Request) -> web.Response:
+        s = self._session(session_id_header(request))
+        if s.status is not SampleStatus.RUNNING:
+            raise HTTPError(409, f"session {s.id} already finished with status {s.status.value!r}")
+        if s.busy:
+            raise HTTPError(409, f"session {s.id} already has an interact in flight; send one at a time")
+        data = await read_json(request)
+        messages = data.get("messages")
+        if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], dict):
+            raise HTTPError(400, "'messages' must be a list with exactly one assistant message object")
+        s.busy = True
+        s.last_active = time.monotonic()
+        worker = s.worker
+        try:
+            status, out = await self._post(worker, "interact", {"session_id": s.id, "messages": messages},
+                                           self.config.interact_timeout)
+        except _WorkerGone as e:
+            out = None
+            await self._on_interact_failure(s, str(e))
+        finally:
+            s.busy = False
+            s.last_active = time.monotonic()
+        if out is not None:
+            env_out = out.get("env_out") if status == 200 else None
+            if env_out is None:
+                logger.warning("session %d: worker %d answered interact with HTTP %d: %s; ending it", s.id,
+                               worker.id, status, out.get("detail", out))
+                self._end(s, SampleStatus.TASK_ERROR)
+            else:
+                new_status = _TERMINAL.get(env_out.get("status"), SampleStatus.TASK_ERROR)
+                if new_status is SampleStatus.RUNNING and not env_out.get("messages"):
+                    logger.warning("session %d: worker answered 'running' without messages; ending it", s.id)
+                    new_status = SampleStatus.TASK_ERROR
+                    self._fire(self._cancel_on_worker(worker, s.id))
+                if new_status is not SampleStatus.RUNNING:
+                    self._end(s, new_status, float(env_out.get("reward", 0.0)))
+                if s.status is not new_status:  # cancelled or failed while the step ran: report that
+                    return self._finished_answer(s)
+                return json_response({"finish": new_status is not SampleStatus.RUNNING,
+                                      "reward": float(env_out.get("reward", 0.0)), "status": new_status.value,
+                                      "messages": env_out.get("messages", []), "metrics": env_out.get("metric", {})})
+        return self._finished_answer(s)
+
+    @staticmethod
+    def _finished_answer(s: SessionEntry) -> web.Response:
+        return json_response({"finish": True, "reward": s.reward, "status": s.status.value, "messages": [],
+                              "metrics": {}})
+
+    async def _on_interact_failure(self, s: SessionEntry, reason: str) -> None:
+        """The worker did not answer: if it is gone, end all its sessions; else end this one (and cancel it)."""
+        worker = s.worker
+        try:
+            async with self._http.get(f"{worker.address}/worker_status", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                reachable = r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            reachable = False
+        if reachable:
+            logger.warning("session %d: %s; ending it with task error", s.id, reason)
+            self._end(s, SampleStatus.TASK_ERROR)
+            self._fire(self._cancel_on_worker(worker, s.id))
+        else:
+            self._worker_down(worker, reason)
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        s = self._session(session_id_header(request))
+        if self._end(s, SampleStatus.CANCELLED):
+            self._fire(self._cancel_on_worker(s.worker, s.id))
+        return json_response({"session_id": s.id, "status": s.status.value})
+
+    async def _cancel_all(self, request: web.Request) -> web.Response:
+        data = await read_json(request) if request.can_read_body else {}
+        name = data.get("name")
+        cancelled = []
+        for s in list(self.sessions.values()):
+            if (name is None or s.name == name) and self._end(s, SampleStatus.CANCELLED):
+                self._fire(self._cancel_on_worker(s.worker, s.id))
+                cancelled.append(s.id)
+        return json_response({"cancelled": cancelled})
+
+    async def _get_indices(self, request: web.Request) -> web.Response:
+        name = self._known_task(request.query.get("name"))
+        worker = max((w for w in self.workers.values() if w.name == name), key=lambda w: w.last_seen)
+        return json_response(worker.indices)
+
+    async def _list_workers(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        by_task: dict[str, dict[str, Any]] = {}
+        for w in self.workers.values():
+            by_task.setdefault(w.name, {})[str(w.id)] = w.describe(now)
+        return json_response(by_task)
+
+    async def _list_sessions(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        return json_response({str(s.id): {"name": s.name, "worker_id": s.worker.id, "status": s.status.value,
+                                          "busy": s.busy, "idle_s": round(now - s.last_active, 3)}
+                              for s in self.sessions.values()})
+
+    # ---- worker face ----------------------------------------------------------------------------
+
+    async def _receive_heartbeat(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        name, address, concurrency = data.get("name"), data.get("address"), data.get("concurrency")
+        if not isinstance(name, str) or not isinstance(address, str) or not isinstance(concurrency, int):
+            raise HTTPError(400, "heartbeat needs 'name' (str), 'address' (str) and 'concurrency' (int)")
+        instance, now = data.get("instance"), time.monotonic()
+        worker = self._by_address.get((name, address.rstrip("/")))
+        if worker is not None and (not worker.alive or (instance is not None and instance != worker.instance)):
+            # A restarted worker knows none of the sessions we placed there before.
+            self._worker_down(worker, "restarted")
+            logger.info("worker %d (%s, %s) is back", worker.id, name, address)
+            worker.alive, worker.instance = True, instance
+            self._fire(self._resync(worker))
+        if worker is None:
+            worker = WorkerEntry(next(self._worker_ids), name, address.rstrip("/"), concurrency,
+                                 data.get("indices") or [], instance, now)
+            self.workers[worker.id] = self._by_address[(name, worker.address)] = worker
+            logger.info("worker %d registered: task %r at %s, concurrency %d", worker.id, name, address, concurrency)
+        worker.last_seen, worker.concurrency = now, concurrency
+        worker.indices = data.get("indices") or worker.indices
+        self._wake(name, everyone=True)
+        return json_response({"worker_id": worker.id})
+
+    async def _cancel_notice(self, request: web.Request) -> web.Response:
+        s = self.sessions.get(body_session_id(await read_json(request)))
+        if s is not None:
+            self._end(s, SampleStatus.CANCELLED)
+        return json_response({"ok": True})
+
+    # ---- operations -----------------------------------------------------------------------------
+
+    async def _mark_stale(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        worker = self.workers.get(data.get("worker_id"))
+        if worker is None or ("name" in data and data["name"] != worker.name):
+            raise HTTPError(404, f"no worker {data.get('worker_id')!r} of task {data.get('name')!r} (see list_workers)")
+        worker.stale = bool(data.get("stale", True))
+        if not worker.stale:
+            self._wake(worker.name, everyone=True)
+        return json_response(worker.describe(time.monotonic()))
+
+    async def _sync_all(self, request: web.Request) -> web.Response:
+        alive = [w for w in self.workers.values() if w.alive]
+        await asyncio.gather(*(self._resync(w) for w in alive))
+        return json_response({"synced": [w.id for w in alive]})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return json_response({"version": __version__, "implementation": "agentrl-env", "protocol": "agentbench-fc"})
+
+    # ---- expiry ---------------------------------------------------------------------------------
+
+    def sweep(self, now: float | None = None) -> None:
+        """Expire idle sessions, forget old finished ones, detect silent workers (runs every clean_interval)."""
+        now = time.monotonic() if now is None else now
+        cfg = self.config
+        for w in list(self.workers.values()):
+            if w.alive and now - w.last_seen > cfg.heartbeat_timeout:
+                self._worker_down(w, f"no heartbeat for {now - w.last_seen:.1f}s")
+            if not w.alive and now - w.last_seen > cfg.worker_remove_after:
+                del self.workers[w.id]
+                self._by_address.pop((w.name, w.address), None)
+        for s in list(self.sessions.values()):
+            if s.status is SampleStatus.RUNNING:
+                if not s.busy and now - s.last_active > cfg.session_idle_timeout:
+                    logger.info("session %d idle for %.0fs: cancelled", s.id, now - s.last_active)
+                    self._end(s, SampleStatus.CANCELLED)
+                    self._fire(self._cancel_on_worker(s.worker, s.id))
+            elif now - s.finished_at > cfg.finished_ttl:
+                del self.sessions[s.id]
+
+    async def _clean_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.clean_interval)
+            self.sweep()
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="bind port (0: any free port)")
+    parser.add_argument("--token", help="shared token required on every route (use it off loopback)")
+    parser.add_argument("--url-file", help="write the controller's URL to this file once it serves")
+    for f in fields(ControllerConfig):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=float, default=f.default,
+                            help=f"(default {f.default})")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ControllerConfig(**{f.name: getattr(args, f.name) for f in fields(ControllerConfig)})
+    controller = Controller(config, token=args.token)
+
+    async def main(stop: asyncio.Event) -> None:
+        try:
+            url = await controller.start(args.host, args.port)
+            if args.url_file:
+                Path(args.url_file).write_text(url)
+            logger.info("controller config: %s", asdict(config))
+            await stop.wait()
+        finally:
+            await controller.stop()
+
+    run_until_signal(main)
+    return 0

@@ -1,0 +1,278 @@
+"""``agentrl-env up CONFIG``: a controller and its workers from one YAML, stopped together.
+
+Config::
+
+    controller: {host: 127.0.0.1, port: 5020, token: null, session_idle_timeout: 300, ...}  # ControllerConfig keys
+    workers:
+      - {task: calc, name: calc, replicas: 2, concurrency: 64, options: {seed: 0}}
+
+Each process is a subprocess (``python -m env_adapters.cli controller|worker ...``); :class:`EnvStack` is the
+same thing as a context manager for tests and demos::
+
+    with EnvStack({"workers": [{"task": "calc"}]}) as stack:
+        client = EnvClient(stack.url)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from env_adapters.controller import DEFAULT_PORT, ControllerConfig
+from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ControllerSpec(BaseModel):
+    # Besides these, the timeouts and limits of ControllerConfig (checked in load_config).
+    model_config = ConfigDict(extra="allow")
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = None
+
+
+class WorkerSpec(_Strict):
+    task: str
+    name: str | None = None
+    replicas: int = Field(1, ge=1)
+    concurrency: int = Field(32, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+
+
+class StackConfig(_Strict):
+    controller: ControllerSpec = Field(default_factory=ControllerSpec)
+    workers: list[WorkerSpec] = Field(default_factory=list)
+
+
+def load_config(config: dict[str, Any] | str | Path) -> StackConfig:
+    """Validate a stack config (a dict or a YAML path); errors name the bad key."""
+    source = "config"
+    if not isinstance(config, dict):
+        source = str(config)
+        config = yaml.safe_load(Path(config).read_text()) or {}
+    try:
+        parsed = StackConfig.model_validate(config)
+    except ValidationError as e:
+        raise ValueError(f"invalid stack config {source}:\n{e}") from e
+    known = {f.name for f in fields(ControllerConfig)}
+    unknown = sorted(set(parsed.controller.model_extra or {}) - known)
+    if unknown:
+        raise ValueError(f"invalid stack config {source}: unknown controller key(s) {unknown}; known: "
+                         f"host, port, token, {', '.join(sorted(known))}")
+    return parsed
+
+
+class StackStartError(RuntimeError):
+    """A process of the stack did not come up; the message says which and why."""
+
+
+class EnvStack:
+    """Start a controller and workers as subprocesses; stop them all on exit (also on exceptions).
+
+    Args:
+        config: A stack config dict or the path of a YAML file (see the module docstring).
+        startup_timeout: Seconds to wait for the controller and every worker to register.
+        log_dir: Where the processes' output goes (``NAME.log``); ``None``: a temporary folder, removed on
+            stop. Use ``inherit=True`` to let them write to this process's stdout/stderr instead.
+        inherit: Pass the processes' output through (for the ``up`` command).
+
+    Attributes:
+        url: The controller's base URL, once started.
+    """
+
+    def __init__(self, config: dict[str, Any] | str | Path, *, startup_timeout: float = 60.0,
+                 log_dir: str | Path | None = None, inherit: bool = False) -> None:
+        self.config = load_config(config)
+        self.startup_timeout, self.inherit = startup_timeout, inherit
+        self._tmp = None if log_dir or inherit else tempfile.TemporaryDirectory(prefix="agentrl-env-")
+        self.log_dir = Path(log_dir or (self._tmp.name if self._tmp else tempfile.gettempdir()))
+        self.url: str | None = None
+        self.controller: subprocess.Popen | None = None
+        self.workers: list[tuple[str, subprocess.Popen]] = []  # (label, process)
+        self._worker_cmds: list[list[str]] = []
+
+    # ---- processes ------------------------------------------------------------------------------
+
+    def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "env_adapters.cli", *args]
+        if self.inherit:
+            return subprocess.Popen(cmd)
+        with open(self.log_dir / f"{label}.log", "ab") as log:
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _tail(self, label: str, lines: int = 15) -> str:
+        path = self.log_dir / f"{label}.log"
+        if self.inherit or not path.exists():
+            return "(see its output above)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _token_args(self) -> list[str]:
+        token = self.config.controller.token
+        return ["--token", token] if token else []
+
+    def start(self) -> str:
+        """Start everything and wait until all workers registered; return the controller URL."""
+        try:
+            self._start_controller()
+            self._start_workers()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("environment stack up at %s (%d worker processes; logs in %s)", self.url, len(self.workers),
+                    "the terminal" if self.inherit else self.log_dir)
+        return self.url
+
+    def _start_controller(self) -> None:
+        spec = self.config.controller
+        url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
+        url_file.unlink(missing_ok=True)
+        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file)]
+        for key, value in (spec.model_extra or {}).items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        self.controller = self._spawn("controller", args + self._token_args())
+        deadline = time.monotonic() + self.startup_timeout
+        while not url_file.exists() or not url_file.read_text():
+            if self.controller.poll() is not None:
+                raise StackStartError(f"controller exited with code {self.controller.returncode}:\n"
+                                      f"{self._tail('controller')}")
+            if time.monotonic() > deadline:
+                raise StackStartError(f"controller did not start within {self.startup_timeout}s")
+            time.sleep(0.05)
+        self.url = url_file.read_text()
+        url_file.unlink()
+
+    def _start_workers(self) -> None:
+        for i, spec in enumerate(self.config.workers):
+            options_file = self.log_dir / f"worker{i}-options-{os.getpid()}-{id(self)}.yaml"
+            options_file.write_text(yaml.safe_dump(spec.options))
+            for r in range(spec.replicas):
+                label = f"worker{i}.{r}-{spec.name or spec.task}"
+                cmd = ["worker", "--task", spec.task, "--name", spec.name or spec.task, "--controller", self.url,
+                       "--concurrency", str(spec.concurrency), "--config", str(options_file),
+                       "--heartbeat-interval", str(spec.heartbeat_interval), *self._token_args()]
+                self._worker_cmds.append(cmd)
+                self.workers.append((label, self._spawn(label, cmd)))
+        self.wait_registered(len(self.workers))
+
+    def alive_workers(self) -> int:
+        """Number of workers the controller currently considers alive."""
+        return sum(w["alive"] for task in self._get("list_workers").values() for w in task.values())
+
+    def wait_registered(self, count: int, timeout: float | None = None) -> None:
+        """Wait until the controller lists ``count`` alive workers; fail early if a worker process exits."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        while True:
+            for label, proc in self.workers:
+                if proc.poll() is not None:
+                    raise StackStartError(f"worker {label} exited with code {proc.returncode}:\n{self._tail(label)}")
+            if self.alive_workers() >= count:
+                return
+            if time.monotonic() > deadline:
+                raise StackStartError(f"only {self.alive_workers()} of {count} workers registered within "
+                                      f"{timeout or self.startup_timeout}s; see the logs in {self.log_dir}")
+            time.sleep(0.05)
+
+    def _get(self, route: str) -> Any:
+        request = urllib.request.Request(f"{self.url}/api/{route}")
+        if self.config.controller.token:
+            request.add_header("Authorization", f"Bearer {self.config.controller.token}")
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker process ``i`` (fault injection)."""
+        proc = self.workers[i][1]
+        proc.kill()
+        proc.wait()
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker process ``i`` again (same command, new port) after it stopped."""
+        label, proc = self.workers[i]
+        if proc.poll() is None:
+            raise RuntimeError(f"worker {label} is still running; stop or kill it first")
+        self.workers[i] = (label, self._spawn(label, self._worker_cmds[i]))
+
+    def stop(self) -> None:
+        """SIGTERM workers (so tasks tear down), then the controller; SIGKILL what outlives the grace period."""
+        for procs in ([p for _, p in self.workers], [self.controller] if self.controller else []):
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    logger.warning("process %d did not stop within %.0fs; killing it", proc.pid, STOP_GRACE_S)
+                    proc.kill()
+                    proc.wait()
+        self.workers, self.controller = [], None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> EnvStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="stack YAML (see env_adapters/configs/)")
+    parser.add_argument("--startup-timeout", type=float, default=120.0)
+    parser.add_argument("--log-dir", help="write each process's output to DIR/NAME.log (default: this terminal)")
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = EnvStack(args.config, startup_timeout=args.startup_timeout, log_dir=args.log_dir,
+                     inherit=args.log_dir is None)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stack.start()
+    except StackStartError as e:
+        logger.error("%s", e)
+        return 1
+    try:
+        logger.info("controller URL: %s (Ctrl-C stops everything)", stack.url)
+        while not stop.wait(1.0):
+            for label, proc in stack.workers:
+                if proc.poll() is not None:
+                    logger.error("worker %s exited with code %d; stopping the stack", label, proc.returncode)
+                    return 1
+            if stack.controller.poll() is not None:
+                logger.error("controller exited with code %d; stopping the stack", stack.controller.returncode)
+                return 1
+        return 0
+    finally:
+        stack.stop()

@@ -1,0 +1,255 @@
+"""A private MariaDB server on loopback, owned by the process that starts it.
+
+:class:`MariaDBServer` initialises a data directory in a fresh temporary folder, starts ``mariadbd`` on a
+free loopback port (root with an empty password, reachable only from this machine) and, on :meth:`stop`,
+stops the server and deletes the folder. Nothing outlives the owner:
+
+- ``stop`` runs on normal exit (``atexit``) and on SIGTERM (a handler is installed when the process has none);
+- the server gets the parent-death signal, so it dies with its owner even when the owner is SIGKILLed;
+- the folder of a dead owner is deleted by :func:`reap_stale_servers`, which every ``start`` calls.
+
+Needs the Debian package ``mariadb-server`` (``mariadb-install-db`` and ``mariadbd`` on PATH or in /usr/sbin).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DIR_PREFIX = "agentrl-mariadb-"
+_PR_SET_PDEATHSIG = 1
+_MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+
+_live_servers: weakref.WeakSet[MariaDBServer] = weakref.WeakSet()
+_exit_hooks_installed = False
+
+
+class MariaDBError(RuntimeError):
+    """The server could not be initialised or started."""
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name, path=_SEARCH_PATH)
+    if path is None:
+        raise MariaDBError(f"{name!r} not found; install the Debian package 'mariadb-server' (apt-get install -y "
+                           "mariadb-server) or give an existing server with mysql_url")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # Runs in the child after fork (after the uid switch, so the kernel keeps the setting through exec).
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_servers(base_dir: str | Path | None = None) -> list[Path]:
+    """Delete server folders (and kill their servers) whose owning process is gone.
+
+    A folder is named ``agentrl-mariadb-<owner pid>-<random>``; it is stale when that pid no longer runs.
+
+    Args:
+        base_dir: Where the folders live; the system temp dir by default.
+
+    Returns:
+        The folders removed.
+    """
+    base = Path(base_dir or tempfile.gettempdir())
+    removed = []
+    for folder in base.glob(f"{DIR_PREFIX}*-*"):
+        try:
+            owner = int(folder.name[len(DIR_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if _pid_alive(owner):
+            continue
+        pid_file = folder / "mariadbd.pid"
+        with contextlib.suppress(OSError, ValueError):
+            server_pid = int(pid_file.read_text().strip())
+            # Only kill a pid that is still a server of this very folder (pids are reused).
+            cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes()
+            if str(folder).encode() in cmdline:
+                os.kill(server_pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+        logger.info("removed stale MariaDB folder %s (owner pid %d is gone)", folder, owner)
+    return removed
+
+
+def _stop_all() -> None:
+    for server in list(_live_servers):
+        server.stop()
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _stop_all()
+    # Then die the way SIGTERM would have killed us without the handler.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_exit_hooks() -> None:
+    global _exit_hooks_installed
+    if _exit_hooks_installed:
+        return
+    _exit_hooks_installed = True
+    atexit.register(_stop_all)
+    # Respect a handler someone else installed (uvicorn stops the task, and so the server, on SIGTERM).
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class MariaDBServer:
+    """One MariaDB server in a temporary folder, on ``127.0.0.1`` and a free port.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. ``start`` blocks for about a second
+    (data-directory initialisation and server start-up); call it from a long-lived thread, because the
+    server receives SIGKILL when the thread that started it exits.
+
+    Args:
+        base_dir: Parent of the temporary folder; the system temp dir by default.
+        startup_timeout: Seconds to wait for the server to accept connections.
+        user: System user the server runs as when started by root (``mariadbd`` refuses to run as root).
+    """
+
+    def __init__(self, base_dir: str | Path | None = None, startup_timeout: float = 30.0, user: str = "mysql") -> None:
+        self.base_dir = Path(base_dir or tempfile.gettempdir())
+        self.startup_timeout = startup_timeout
+        self.user = user
+        self.port: int | None = None
+        self.folder: Path | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """``mysql://root@127.0.0.1:PORT`` of the running server."""
+        if self.port is None:
+            raise MariaDBError("the server is not running; call start() first")
+        return f"mysql://root@127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of ``mariadbd`` while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> MariaDBServer:
+        """Initialise a data directory and start the server; returns ``self`` once it accepts connections.
+
+        Raises:
+            MariaDBError: a binary is missing, initialisation failed, or the server did not come up in time
+                (the message carries the end of the server's error log).
+        """
+        if self._proc is not None:
+            return self
+        reap_stale_servers(self.base_dir)
+        install_db, mariadbd = _binary("mariadb-install-db"), _binary("mariadbd")
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=self.base_dir))
+        if len(os.fsencode(self.folder / "mariadbd.sock")) > _MAX_SOCKET_PATH:
+            # mariadbd would listen on TCP, then die when it cannot bind its unix socket.
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise MariaDBError(f"base_dir {self.base_dir} is too deep: the server's socket path would exceed "
+                               f"{_MAX_SOCKET_PATH} bytes; use a shorter base_dir")
+        datadir = self.folder / "data"
+        as_root = os.geteuid() == 0
+        if as_root:
+            shutil.chown(self.folder, user=self.user, group=self.user)
+        try:
+            init_args = [install_db, f"--datadir={datadir}", "--auth-root-authentication-method=normal",
+                         "--skip-test-db"]
+            if as_root:
+                init_args.append(f"--user={self.user}")
+            init = subprocess.run(init_args, capture_output=True, text=True, timeout=120)
+            if init.returncode != 0:
+                raise MariaDBError(f"mariadb-install-db failed ({init.returncode}): {init.stderr[-2000:]}")
+            _install_exit_hooks()
+            self.port = _free_port()
+            log = self.folder / "error.log"
+            self._proc = subprocess.Popen(
+                [mariadbd, "--no-defaults", f"--datadir={datadir}", f"--socket={self.folder / 'mariadbd.sock'}",
+                 f"--pid-file={self.folder / 'mariadbd.pid'}", f"--log-error={log}", "--bind-address=127.0.0.1",
+                 f"--port={self.port}", "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=32M",
+                 "--max-connections=500",
+                 # A throwaway server: durability buys nothing, and fsyncs made each session setup ~5x slower.
+                 "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0", "--innodb-flush-method=nosync"],
+                user=self.user if as_root else None, group=self.user if as_root else None,
+                preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            _live_servers.add(self)
+            self._wait_ready(log)
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("MariaDB server pid %d listening on 127.0.0.1:%d (%s)", self._proc.pid, self.port, self.folder)
+        return self
+
+    def _wait_ready(self, log: Path) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise MariaDBError(f"mariadbd exited with {self._proc.returncode}: {self._log_tail(log)}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise MariaDBError(f"mariadbd did not accept connections within {self.startup_timeout} s: "
+                           f"{self._log_tail(log)}")
+
+    @staticmethod
+    def _log_tail(log: Path) -> str:
+        try:
+            return log.read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no error log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` s) and delete its folder. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("mariadbd pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, timeout)
+                proc.kill()
+                proc.wait()
+        _live_servers.discard(self)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        self.port = None
+
+    def __enter__(self) -> MariaDBServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

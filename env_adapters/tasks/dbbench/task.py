@@ -1,0 +1,234 @@
+"""``db``: AgentBench's DBBench. The agent answers a question about, or modifies, a table it reaches only by SQL.
+
+Each session gets its own fresh database holding the item's tables (every column TEXT, as upstream). Tools:
+``execute_sql(query)`` runs one statement (results printed like a MySQL client library prints rows, cut at
+``max_output_chars``) and ``commit_final_answer(answers)`` ends the episode with reward 1 or 0:
+
+- SELECT-like items: the answers are compared with the item's label (:mod:`.scoring`);
+- INSERT/UPDATE/DELETE items: the server hashes the final tables and the hash is compared with ``answer_md5``.
+
+The episode also ends after ``max_rounds`` assistant messages (``task limit reached``, reward 0) and, as in every
+task of this project, on a message without a valid tool call (``agent invalid action``). The session's database
+is deleted when the session closes, whatever ended it.
+
+Backends (option ``backend``): ``sqlite`` (default; embedded, no server; SQLite's SQL dialect; serves only the
+SELECT-like items, because the table hash needs MySQL semantics) and ``mysql`` (a MySQL-compatible server: MariaDB
+started by the task on loopback, or an existing server given by ``mysql_url``; serves every item).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from env_adapters.protocol import Index, Message, SampleStatus
+from env_adapters.task import (
+    InvalidAction,
+    Session,
+    StepResult,
+    Task,
+    TaskError,
+    ToolCall,
+    function_tool,
+    parse_tool_calls,
+    register_task,
+    tool_reply,
+)
+from env_adapters.tasks.dbbench.backends import (
+    Backend,
+    Database,
+    MySQLBackend,
+    SQLError,
+    SQLiteBackend,
+    StatementTimeout,
+)
+from env_adapters.tasks.dbbench.items import (
+    SYSTEM_PROMPT,
+    is_hash_scored,
+    load_items,
+    mysql_loadable,
+    tables_of,
+    user_prompt,
+    validate_item,
+)
+from env_adapters.tasks.dbbench.scoring import answers_match, expected_hash
+
+logger = logging.getLogger(__name__)
+
+TOOLS = [
+    function_tool(
+        "execute_sql",
+        "Execute one SQL statement on the database and return its result",
+        {"query": {"type": "string", "description": "a single SQL statement, on one line"}},
+    ),
+    function_tool(
+        "commit_final_answer",
+        "Commit the final answer and end the task; after modifying the database, commit anything",
+        {"answers": {"type": "array", "items": {"type": "string"}, "description": "the answer value(s)"}},
+    ),
+]
+
+
+def format_rows(rows: list[tuple[Any, ...]]) -> str:
+    """Rows printed as upstream shows them to the agent: a Python list of tuples."""
+    return str(rows)
+
+
+def truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "[TRUNCATED]"
+
+
+class DBBenchSession(Session):
+    """One DBBench episode on its own database."""
+
+    def __init__(self, task: DBBenchTask, item: dict[str, Any]) -> None:
+        self.task = task
+        self.item = item
+        self.tables = tables_of(item)
+        self.db: Database | None = None
+        self.rounds = 0
+        self.metrics: dict[str, Any] = {"sql_statements": 0, "sql_errors": 0, "sql_timeouts": 0}
+
+    async def reset(self) -> StepResult:
+        self.db = await self.task.backend.open(self.tables)
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(self.item)}]
+        return StepResult(messages=messages, tools=TOOLS)
+
+    async def step(self, message: Message) -> StepResult:
+        self.rounds += 1
+        self.metrics["rounds"] = self.rounds
+        calls = parse_tool_calls(message, TOOLS)
+        if not calls:
+            raise InvalidAction("the message calls no tool; call execute_sql or commit_final_answer")
+        replies = []
+        for call in calls:
+            if call.name == "commit_final_answer":
+                return await self._commit(call, replies)
+            replies.append(tool_reply(call, await self._execute(call.arguments["query"])))
+        if self.rounds >= self.task.max_rounds:
+            return StepResult(messages=replies, status=SampleStatus.TASK_LIMIT_REACHED, metrics=self.metrics)
+        return StepResult(messages=replies, metrics=self.metrics)
+
+    async def _execute(self, sql: Any) -> str:
+        if not isinstance(sql, str) or not sql.strip():
+            return "Error: 'query' must be a non-empty SQL statement."
+        self.metrics["sql_statements"] += 1
+        try:
+            text = format_rows(await self.db.execute(sql))
+        except StatementTimeout as e:
+            self.metrics["sql_timeouts"] += 1
+            text = f"Error: {e}"
+        except SQLError as e:
+            self.metrics["sql_errors"] += 1
+            text = f"Error: {e}"
+        return truncate(text, self.task.max_output_chars)
+
+    async def _commit(self, call: ToolCall, replies: list[Message]) -> StepResult:
+        answers = call.arguments["answers"]
+        if is_hash_scored(self.item):
+            correct = await self.db.table_hash(self.tables) == expected_hash(self.item["answer_md5"])
+        else:
+            correct = answers_match(answers, self.item["label"])
+        self.metrics["correct"] = correct
+        replies.append(tool_reply(call, "Answer committed."))
+        return StepResult(messages=replies, status=SampleStatus.COMPLETED, reward=float(correct),
+                          metrics=self.metrics)
+
+    async def close(self) -> None:
+        db, self.db = self.db, None
+        if db is not None:
+            await db.close()
+
+
+@register_task("db")
+class DBBenchTask(Task):
+    """The DBBench task family.
+
+    Args:
+        backend: ``sqlite`` (embedded, SELECT-like items only) or ``mysql`` (MySQL-compatible server, all items).
+        mysql_url: ``mysql://user:password@host:port`` of an existing server (an account that may create databases
+            and users); without it, ``backend: mysql`` starts a private MariaDB server.
+        data: A DBBench ``.jsonl``/``.json`` file; the vendored AgentBench dev split by default.
+        max_rounds: Assistant messages per episode (upstream: 15).
+        statement_timeout: Seconds one SQL statement may run.
+        max_output_chars: Characters of a result shown to the agent (upstream: 800).
+        max_threads: Threads running the blocking database driver (about the worker's concurrency).
+    """
+
+    tools = TOOLS
+
+    def __init__(self, backend: str = "sqlite", mysql_url: str | None = None, data: str | None = None,
+                 max_rounds: int = 15, statement_timeout: float = 10.0, max_output_chars: int = 800,
+                 max_threads: int = 64) -> None:
+        if backend not in ("sqlite", "mysql"):
+            raise ValueError(f"db task: backend must be 'sqlite' or 'mysql', got {backend!r}")
+        if mysql_url and backend != "mysql":
+            raise ValueError("db task: mysql_url is given but backend is 'sqlite'; set backend: mysql")
+        if max_rounds < 1 or max_output_chars < 1:
+            raise ValueError(f"db task: max_rounds ({max_rounds}) and max_output_chars ({max_output_chars}) must "
+                             "be >= 1")
+        self.backend_name = backend
+        self.mysql_url = mysql_url
+        self.max_rounds = max_rounds
+        self.statement_timeout = statement_timeout
+        self.max_output_chars = max_output_chars
+        self.max_threads = max_threads
+        self.items = [validate_item(item) for item in load_items(data)]
+        self.server = None
+        self.backend: Backend | None = None
+
+    def indices(self) -> list[Index]:
+        return [i for i, item in enumerate(self.items) if self._servable(item)]
+
+    def _servable(self, item: dict[str, Any]) -> bool:
+        if self.backend_name == "mysql":
+            return mysql_loadable(item)
+        return not is_hash_scored(item)
+
+    async def setup(self) -> None:
+        if self.backend_name == "sqlite":
+            self.backend = SQLiteBackend(self.statement_timeout, self.max_threads)
+        else:
+            url = self.mysql_url
+            if url is None:
+                from env_adapters.sandbox.mariadb import MariaDBServer
+
+                # Started on the event-loop thread, which lives as long as the task (the server gets SIGKILL when
+                # the thread that started it ends, so that it never outlives a killed worker).
+                self.server = MariaDBServer().start()
+                url = self.server.url
+            self.backend = MySQLBackend(url, self.statement_timeout, self.max_threads)
+        await self.backend.start()
+        skipped = len(self.items) - len(self.indices())
+        if skipped:
+            logger.info("db task (%s backend): %d of %d items not served (%s)", self.backend_name, skipped,
+                        len(self.items), "empty column names" if self.backend_name == "mysql" else
+                        "hash-scored items need backend: mysql")
+
+    async def teardown(self) -> None:
+        if self.backend is not None:
+            if self.backend.open_databases:
+                logger.warning("db task teardown with %d session databases still open", self.backend.open_databases)
+            await self.backend.stop()
+            self.backend = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> Session:
+        if index == -1 and custom_task is not None:
+            try:
+                item = validate_item(custom_task)
+            except ValueError as e:
+                raise TaskError(str(e)) from e
+        elif isinstance(index, int) and 0 <= index < len(self.items):
+            item = self.items[index]
+        else:
+            raise TaskError(f"db task: index {index!r} out of range 0..{len(self.items) - 1}")
+        if self.backend is None:
+            raise TaskError("db task: setup() has not run (or teardown() already has)")
+        if not self._servable(item):
+            raise TaskError(f"db task: item {index!r} cannot be served by the {self.backend_name} backend: "
+                            + ("MySQL rejects its empty column name" if self.backend_name == "mysql" else
+                               f"it is scored by the table hash (type {item['type'][0]}), which needs backend: mysql"))
+        return DBBenchSession(self, item)

@@ -1,0 +1,357 @@
+"""Worker server: hosts one :class:`~env_adapters.task.Task` behind the AgentBench-FC worker API.
+
+Routes (under ``/api``, as the upstream ``agentrl-worker``): ``POST start_sample`` (400 on a duplicate session
+id, 406 when ``concurrency`` sessions run), ``POST interact`` (400 for an unknown or busy session),
+``POST cancel``, ``POST cancel_with_notice``, ``POST cancel_all``, ``GET get_indices``, ``GET get_sessions``,
+``GET worker_status``, ``POST sample_status``. With a controller URL the worker heartbeats to it (``name``,
+``address``, ``concurrency``, ``indices``; our extension adds ``instance``, a per-process id, so a controller
+notices a restart even on the same address).
+
+Task code runs here and only here, so this is the one place where task exceptions become statuses:
+:class:`~env_adapters.task.InvalidAction` -> ``agent invalid action``, anything else -> ``task error`` (logged
+with its traceback). ``Session.close`` runs exactly once per session whatever ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from env_adapters.http import (
+    DEFAULT_MAX_BODY_MB,
+    HTTPError,
+    auth_headers,
+    body_session_id,
+    json_response,
+    make_app,
+    read_json,
+    run_until_signal,
+    serve,
+)
+from env_adapters.protocol import Index, SampleStatus
+from env_adapters.task import InvalidAction, Session, StepResult, Task, get_task_class
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_INTERVAL = 8.0
+
+
+@dataclass(eq=False)
+class _Slot:
+    """A session as the worker tracks it; the slot counts against ``concurrency`` until it ends."""
+
+    id: int
+    index: Index
+    session: Session | None = None
+    status: SampleStatus = SampleStatus.RUNNING
+    step: asyncio.Task | None = None  # the reset/step in progress, cancelled by a cancel
+    ended: bool = False
+    created: float = field(default_factory=time.monotonic)
+
+
+def _output(result: StepResult) -> dict[str, Any]:
+    return result.to_wire().model_dump(mode="json")
+
+
+def _ended(status: SampleStatus) -> dict[str, Any]:
+    return _output(StepResult(status=status))
+
+
+class Worker:
+    """One task served over HTTP.
+
+    Args:
+        task: The task instance (already constructed; :meth:`start` calls its ``setup``).
+        name: Task name announced to the controller.
+        concurrency: Sessions served at once; one more start_sample is answered 406.
+        controller_url: Controller base URL (``http://host:port``); ``None`` runs standalone.
+        token: Shared token required on our routes and sent to the controller.
+        heartbeat_interval: Seconds between heartbeats.
+        max_body_mb: Largest request body accepted (413 beyond).
+    """
+
+    def __init__(self, task: Task, *, name: str, concurrency: int = 32, controller_url: str | None = None,
+                 token: str | None = None, heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
+        if concurrency < 1:
+            raise ValueError(f"worker concurrency must be >= 1, got {concurrency}")
+        self.task, self.name, self.concurrency = task, name, concurrency
+        self.controller_url = controller_url.rstrip("/") if controller_url else None
+        self.token, self.heartbeat_interval, self.max_body_mb = token, heartbeat_interval, max_body_mb
+        self.instance = uuid.uuid4().hex
+        self.address: str | None = None
+        self._slots: dict[int, _Slot] = {}
+        self._indices: list[Index] = []
+        self._index_set: set[Index] = set()
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._heartbeat: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        self._stopped = False
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = make_app(self.token, self.max_body_mb)
+        app.add_routes([
+            web.post("/api/start_sample", self._start_sample),
+            web.post("/api/interact", self._interact),
+            web.post("/api/cancel", self._cancel),
+            web.post("/api/cancel_with_notice", self._cancel_with_notice),
+            web.post("/api/cancel_all", self._cancel_all),
+            web.get("/api/get_indices", self._get_indices),
+            web.get("/api/get_sessions", self._get_sessions),
+            web.get("/api/worker_status", self._worker_status),
+            web.post("/api/sample_status", self._sample_status),
+        ])
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, address: str | None = None) -> str:
+        """Set the task up, serve, start heartbeating; return the worker's API address (``http://h:p/api``)."""
+        await self.task.setup()
+        self._indices = list(self.task.indices())
+        self._index_set = set(self._indices)
+        self._runner, bound = await serve(self.app(), host, port)
+        self.address = address or f"http://{host}:{bound}/api"
+        self._http = aiohttp.ClientSession(headers=auth_headers(self.token), timeout=aiohttp.ClientTimeout(total=10))
+        if self.controller_url:
+            self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        logger.info("worker %r (%s, concurrency %d) serving at %s", self.name, type(self.task).__name__,
+                    self.concurrency, self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        """Stop heartbeating and serving, cancel (and close) every session, tear the task down (once)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._heartbeat:
+            self._heartbeat.cancel()
+        # End sessions before closing the server: it waits for handlers, and those wait for their steps.
+        await asyncio.gather(*(self._end(slot, SampleStatus.CANCELLED) for slot in list(self._slots.values())))
+        if self._runner:
+            await self._runner.cleanup()
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
+        if self._http:
+            await self._http.close()
+        await self.task.teardown()
+
+    async def _heartbeat_loop(self) -> None:
+        url = f"{self.controller_url}/api/receive_heartbeat"
+        ok = None
+        while True:
+            body = {"name": self.name, "address": self.address, "concurrency": self.concurrency,
+                    "indices": self._indices, "instance": self.instance}
+            try:
+                async with self._http.post(url, json=body) as resp:
+                    now_ok = resp.status == 200
+                    problem = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+            except (aiohttp.ClientError, TimeoutError) as e:
+                now_ok, problem = False, repr(e)
+            if now_ok != ok:  # log transitions only, not every beat
+                if now_ok:
+                    logger.info("worker %r registered with controller %s", self.name, self.controller_url)
+                else:
+                    logger.warning("heartbeat to %s failed (%s); retrying every %.1fs", url, problem,
+                                   self.heartbeat_interval)
+                ok = now_ok
+            await asyncio.sleep(self.heartbeat_interval)
+
+    # ---- session bookkeeping --------------------------------------------------------------------
+
+    async def _run(self, slot: _Slot, work) -> dict[str, Any]:
+        """Run ``work`` (a reset or step) so that a cancel can interrupt it; map its outcome to a task output."""
+        slot.step = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait([slot.step])  # unlike ``await``, does not raise when the step is cancelled
+        except asyncio.CancelledError:  # the worker is stopping
+            slot.step.cancel()
+            raise
+        step, slot.step = slot.step, None
+        if slot.ended or step.cancelled():
+            return _ended(slot.status if slot.ended else SampleStatus.CANCELLED)
+        exc = step.exception()
+        if exc is None:
+            out = _output(step.result())
+        elif isinstance(exc, InvalidAction):
+            logger.debug("session %d: invalid action: %s", slot.id, exc)
+            out = _ended(SampleStatus.AGENT_INVALID_ACTION)
+        else:
+            logger.error("session %d (index %r) failed: task error", slot.id, slot.index, exc_info=exc)
+            out = _ended(SampleStatus.TASK_ERROR)
+        if out["finish"]:
+            await self._end(slot, SampleStatus(out["status"]))
+        return out
+
+    async def _end(self, slot: _Slot, status: SampleStatus) -> None:
+        """End a session once: free its slot, interrupt its step, close it (errors logged, never raised)."""
+        if slot.ended:
+            return
+        slot.ended, slot.status = True, status
+        self._slots.pop(slot.id, None)
+        if slot.step is not None and slot.step is not asyncio.current_task():
+            slot.step.cancel()
+            await asyncio.wait([slot.step])
+        if slot.session is not None:
+            try:
+                await slot.session.close()
+            except Exception:
+                logger.exception("closing session %d failed", slot.id)
+
+    def _slot(self, sid: int) -> _Slot:
+        slot = self._slots.get(sid)
+        if slot is None:
+            raise HTTPError(400, f"unknown session {sid} (never started here, or already ended)")
+        return slot
+
+    # ---- routes ---------------------------------------------------------------------------------
+
+    async def _start_sample(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        sid = body_session_id(data)
+        index, custom_task = data.get("index", -1), data.get("custom_task")
+        if self._stopped:
+            raise HTTPError(503, f"worker {self.name!r} is shutting down")
+        if sid in self._slots:
+            raise HTTPError(400, f"session {sid} already exists on this worker")
+        if len(self._slots) >= self.concurrency:
+            raise HTTPError(406, f"worker {self.name!r} is full ({self.concurrency} sessions)")
+        if not (index == -1 and custom_task is not None) and index not in self._index_set:
+            raise HTTPError(400, f"index {index!r} is not served by task {self.name!r} (see get_indices); "
+                                 "use index -1 with a custom_task")
+        slot = self._slots[sid] = _Slot(sid, index)  # taken before any await: capacity holds under concurrency
+
+        async def open_and_reset() -> StepResult:
+            slot.session = await self.task.start_session(index, custom_task)
+            return await slot.session.reset()
+
+        out = await self._run(slot, open_and_reset())
+        return json_response(out, headers={"session_id": str(sid)})
+
+    async def _interact(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        sid = body_session_id(data)
+        messages = data.get("messages")
+        slot = self._slot(sid)
+        if slot.step is not None:
+            raise HTTPError(400, f"session {sid} is busy with another interact")
+        if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], dict):
+            raise HTTPError(400, "'messages' must be a list with exactly one assistant message object")
+        out = await self._run(slot, slot.session.step(messages[0]))
+        return json_response({"session_id": sid, "env_out": out})
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        return json_response(await self._cancel_session(body_session_id(await read_json(request))))
+
+    async def _cancel_with_notice(self, request: web.Request) -> web.Response:
+        result = await self._cancel_session(body_session_id(await read_json(request)))
+        if self.controller_url:
+            self._notify_cancel(result["session_id"])
+        return json_response(result)
+
+    async def _cancel_session(self, sid: int) -> dict[str, Any]:
+        slot = self._slots.get(sid)
+        if slot is not None:
+            await self._end(slot, SampleStatus.CANCELLED)
+        return {"session_id": sid, "cancelled": slot is not None}
+
+    def _notify_cancel(self, sid: int) -> None:
+        async def notice():
+            try:
+                async with self._http.post(f"{self.controller_url}/api/cancel_notice", json={"session_id": sid}):
+                    pass
+            except (aiohttp.ClientError, TimeoutError) as e:
+                logger.warning("cancel notice for session %d not delivered: %r", sid, e)
+
+        task = asyncio.create_task(notice())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _cancel_all(self, request: web.Request) -> web.Response:
+        slots = list(self._slots.values())
+        await asyncio.gather(*(self._end(slot, SampleStatus.CANCELLED) for slot in slots))
+        return json_response({"cancelled": [slot.id for slot in slots]})
+
+    async def _get_indices(self, request: web.Request) -> web.Response:
+        return json_response(self._indices)
+
+    async def _get_sessions(self, request: web.Request) -> web.Response:
+        sessions = {str(sid): {"index": s.index, "busy": s.step is not None} for sid, s in self._slots.items()}
+        return json_response(sessions)
+
+    async def _worker_status(self, request: web.Request) -> web.Response:
+        return json_response({"name": self.name, "concurrency": self.concurrency, "current": len(self._slots),
+                              "instance": self.instance})
+
+    async def _sample_status(self, request: web.Request) -> web.Response:
+        sid = body_session_id(await read_json(request))
+        slot = self._slot(sid)
+        return json_response({"session_id": sid, "status": slot.status.value, "busy": slot.step is not None,
+                              "age_s": time.monotonic() - slot.created})
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+
+def parse_options(pairs: list[str], config: str | None) -> dict[str, Any]:
+    """Task options from a YAML file and ``key=value`` pairs (values parsed as YAML: ``5``, ``{dist: fixed}``)."""
+    options: dict[str, Any] = {}
+    if config:
+        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--config {config}: expected a mapping of task options, got {type(loaded).__name__}")
+        options.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: expected key=value")
+        options[key] = yaml.safe_load(value)
+    return options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, help="task family (calc, os, db) or package.module:ClassName")
+    parser.add_argument("--name", help="task name announced to the controller (default: the family)")
+    parser.add_argument("--controller", help="controller base URL, e.g. http://127.0.0.1:5020 (default: standalone)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=0, help="bind port (0: any free port)")
+    parser.add_argument("--address", help="API address announced to the controller (default http://HOST:PORT/api)")
+    parser.add_argument("--concurrency", type=int, default=32, help="sessions served at once")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (repeatable)")
+    parser.add_argument("--config", help="YAML file of task options")
+    parser.add_argument("--token", help="shared token (required on our routes, sent to the controller)")
+    parser.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL)
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = parse_options(args.option, args.config)
+        task = get_task_class(args.task)(**options)
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        logger.error("cannot create task %r (options %s): %s", args.task, args.option or args.config or "none", e)
+        return 2
+    worker = Worker(task, name=args.name or args.task, concurrency=args.concurrency, controller_url=args.controller,
+                    token=args.token, heartbeat_interval=args.heartbeat_interval, max_body_mb=args.max_body_mb)
+
+    async def main(stop: asyncio.Event) -> None:
+        try:
+            await worker.start(args.host, args.port, args.address)
+            await stop.wait()
+        finally:
+            logger.info("worker %r stopping", worker.name)
+            await worker.stop()
+
+    run_until_signal(main)
+    return 0

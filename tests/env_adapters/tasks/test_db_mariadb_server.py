@@ -1,0 +1,76 @@
+"""The MariaDB server manager leaves no process and no folder behind, even when its owner is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from env_adapters.sandbox.mariadb import MariaDBError, MariaDBServer, reap_stale_servers
+
+pytestmark = [pytest.mark.slow, pytest.mark.mysql]
+
+OWNER = """
+import sys, time
+from env_adapters.sandbox.mariadb import MariaDBServer
+server = MariaDBServer(base_dir=sys.argv[1]).start()
+print(server.pid, server.folder, flush=True)
+time.sleep(600)
+"""
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def base_dir():
+    # Short (the server's unix socket path is limited to 107 bytes) and reachable by the server's user (mysql).
+    path = Path(tempfile.mkdtemp(prefix="dbt-", dir="/tmp"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_too_deep_base_dir_is_refused_clearly(tmp_path):
+    deep = tmp_path / ("d" * 80)
+    deep.mkdir()
+    with pytest.raises(MariaDBError, match="too deep"):
+        MariaDBServer(base_dir=deep).start()
+    assert list(deep.iterdir()) == []
+
+
+def test_stop_removes_process_and_folder(base_dir):
+    with MariaDBServer(base_dir=base_dir) as server:
+        pid, folder = server.pid, server.folder
+        conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
+        conn.close()
+    assert wait_gone(pid) and not folder.exists()
+
+
+def test_killed_owner_takes_its_server_along_and_the_folder_is_reaped(base_dir):
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(base_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, folder = owner.stdout.readline().split()
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert wait_gone(int(pid)), "mariadbd outlived its SIGKILLed owner"
+    assert Path(folder).exists()
+    assert reap_stale_servers(base_dir) == [Path(folder)]
+    assert list(base_dir.iterdir()) == []

@@ -1,0 +1,261 @@
+"""Controller behaviour, in process: dispatch, capacity, timeouts, faults and bad input (see conftest)."""
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from env_adapters.client import EnvClient, EnvRequestError
+
+
+def say(content):
+    return {"role": "assistant", "content": content}
+
+
+async def raw(stack, method, route, *, data=None, json=None, session_id=None, token=None):
+    headers = {"session_id": str(session_id)} if session_id is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, f"{stack.url}/api/{route}", data=data, json=json, headers=headers) as r:
+            return r.status, await r.json(), r.headers
+
+
+def placement(stack):
+    return sorted(len(w.sessions) for w in stack.controller.workers.values())
+
+
+async def test_dispatch_to_least_loaded_and_full_cycle(local_stack):
+    stack = await local_stack(workers=2, concurrency=3)
+    async with EnvClient(stack.url) as env:
+        started = [await env.start_sample("probe", i) for i in range(4)]
+        assert placement(stack) == [2, 2]
+        assert [s.messages[0]["content"] for s in started] == [f"probe {i}" for i in range(4)]
+        reply = await env.interact(started[0].session_id, say("hi"))
+        assert reply.status == "running" and reply.messages[0]["content"] == "echo hi" and not reply.finish
+        reply = await env.interact(started[0].session_id, say("finish"))
+        assert (reply.finish, reply.reward, reply.status, reply.metrics) == (True, 1.0, "completed", {"n": 1})
+        assert placement(stack) == [1, 2]
+        sessions = await env.list_sessions()
+        assert sessions[str(started[0].session_id)]["status"] == "completed"
+        workers = await env.list_workers()
+        assert sorted(w["current"] for w in workers["probe"].values()) == [1, 2]
+        assert (await env.get_indices("probe"))[:2] == [0, 1]
+
+
+async def test_bad_input_gives_clear_4xx(local_stack):
+    stack = await local_stack()
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        for call, code, text in [
+            (env.start_sample("nope", 0), 404, "unknown task 'nope'"),
+            (env.interact(12345, say("x")), 404, "unknown session 12345"),
+            (env.get_indices("nope"), 404, "unknown task"),
+            (env.start_sample("probe", 999), 400, "not served"),
+        ]:
+            with pytest.raises(EnvRequestError, match=text) as e:
+                await call
+            assert e.value.status_code == code
+        sid = s.session_id
+        status, body, _ = await raw(stack, "POST", "interact", data=b"{bad", session_id=sid)
+        assert status == 400 and body["detail"].startswith("request body is not valid JSON")
+        assert (await raw(stack, "POST", "interact", data=b"{}", session_id="abc"))[0] == 400
+        assert (await raw(stack, "POST", "interact", data=b"{}"))[1]["detail"] == "missing 'session_id' header"
+        status, body, _ = await raw(stack, "POST", "interact", json={"messages": [1, 2]}, session_id=sid)
+        assert status == 400 and "exactly one" in body["detail"]
+        status, body, _ = await raw(stack, "POST", "interact", data=b"x" * (5 * 2**20), session_id=sid)
+        assert status == 413 and "large" in body["detail"].lower()
+        # The model's own malformed call is not an HTTP error but an ended episode.
+        reply = await env.interact(sid, say("invalid"))
+        assert (reply.finish, reply.status) == (True, "agent invalid action")
+        with pytest.raises(EnvRequestError, match="already finished") as e:
+            await env.interact(sid, say("x"))
+        assert e.value.status_code == 409
+        await env.cancel(sid)  # finished: no error
+        await env.cancel(999999)  # unknown: no error
+    assert (await raw(stack, "GET", "nowhere"))[0] == 404
+
+
+async def test_concurrent_interacts_on_one_session(local_stack):
+    stack = await local_stack()
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        slow = asyncio.create_task(env.interact(s.session_id, say("sleep:0.3")))
+        await asyncio.sleep(0.05)
+        with pytest.raises(EnvRequestError, match="in flight") as e:
+            await env.interact(s.session_id, say("x"))
+        assert e.value.status_code == 409
+        assert (await slow).status == "running"
+        assert (await env.interact(s.session_id, say("x"))).status == "running"
+
+
+async def test_busy_waits_then_answers_503_and_client_retries(local_stack):
+    stack = await local_stack(workers=1, concurrency=1, start_wait=0.2)
+    async with EnvClient(stack.url, max_retries=0) as env, EnvClient(stack.url, max_retries=20, backoff=0.05) as pat:
+        first = await env.start_sample("probe", 0)
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="busy") as e:
+            await env.start_sample("probe", 1)
+        assert type(e.value).__name__ == "EnvUnavailable" and time.monotonic() - t0 >= 0.2
+        waiting = asyncio.create_task(pat.start_sample("probe", 2))
+        await asyncio.sleep(0.5)  # longer than start_wait: the patient client is retrying
+        assert not waiting.done()
+        await env.interact(first.session_id, say("finish"))
+        second = await asyncio.wait_for(waiting, 5)
+        assert second.messages[0]["content"] == "probe 2"
+    # Exactly the two sessions exist: the retries started nothing twice.
+    assert sorted(stack.controller.sessions) == [first.session_id, second.session_id]
+    assert placement(stack) == [1]
+
+
+async def test_waiting_start_gets_freed_slot(local_stack):
+    stack = await local_stack(workers=1, concurrency=1, start_wait=5)
+    async with EnvClient(stack.url) as env:
+        first = await env.start_sample("probe", 0)
+        waiting = asyncio.create_task(env.start_sample("probe", 1))
+        await asyncio.sleep(0.1)
+        await env.cancel(first.session_id)
+        assert (await asyncio.wait_for(waiting, 2)).messages[0]["content"] == "probe 1"
+
+
+async def test_cancel_frees_slot_and_interrupts_step(local_stack):
+    stack = await local_stack(workers=1, concurrency=1)
+    task = stack.workers[0].task
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 4)
+        pending = asyncio.create_task(env.interact(s.session_id, say("sleep:30")))
+        await asyncio.sleep(0.1)
+        await env.cancel(s.session_id)
+        assert (await asyncio.wait_for(pending, 5)).status == "cancelled"
+        assert placement(stack) == [0] and task.closed == [4]
+        await env.start_sample("probe", 5)
+        assert await env.cancel_all("probe") and placement(stack) == [0]
+
+
+async def test_idle_session_expires(local_stack):
+    stack = await local_stack(workers=1, concurrency=1, session_idle_timeout=0.3, clean_interval=0.1)
+    task = stack.workers[0].task
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 1)  # ... and the client goes away
+        await asyncio.sleep(0.7)
+        assert (await env.list_sessions())[str(s.session_id)]["status"] == "cancelled"
+        assert placement(stack) == [0]
+        await asyncio.sleep(0.1)
+        assert task.closed == [1]
+        await env.start_sample("probe", 2)  # capacity is back
+
+
+async def test_interact_timeout_ends_session(local_stack):
+    stack = await local_stack(workers=1, concurrency=1, interact_timeout=0.2)
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 1)
+        reply = await env.interact(s.session_id, say("sleep:10"))
+        assert (reply.finish, reply.status) == (True, "task error")
+        await asyncio.sleep(0.1)
+        assert stack.workers[0].task.closed == [1] and placement(stack) == [0]
+
+
+async def test_running_reply_without_messages_is_task_error(local_stack):
+    stack = await local_stack()
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 1)
+        assert (await env.interact(s.session_id, say("silent"))).status == "task error"
+
+
+async def test_dead_worker_sessions_end_and_new_go_elsewhere(local_stack):
+    stack = await local_stack(workers=2, concurrency=3, heartbeat_timeout=0.5, clean_interval=0.1, start_wait=1)
+    async with EnvClient(stack.url) as env:
+        a = await env.start_sample("probe", 0)
+        b = await env.start_sample("probe", 1)
+        victim = stack.controller.sessions[a.session_id].worker
+        doomed = a if stack.controller.sessions[b.session_id].worker is not victim else b
+        survivor = b if doomed is a else a
+        dead = next(w for w in stack.workers if w.address == victim.address)
+        await dead.stop()
+        t0 = time.monotonic()
+        reply = await env.interact(doomed.session_id, say("x"))  # connection refused -> ended at once
+        assert (reply.finish, reply.status) == (True, "task error") and time.monotonic() - t0 < 2
+        assert (await env.interact(survivor.session_id, say("x"))).status == "running"
+        for i in range(2):  # new sessions go to the remaining worker
+            s = await env.start_sample("probe", i)
+            assert stack.controller.sessions[s.session_id].worker is not victim
+
+
+async def test_silent_worker_detected_by_heartbeat_and_restart_picked_up(local_stack):
+    stack = await local_stack(workers=1, concurrency=2, heartbeat_timeout=0.4, clean_interval=0.1)
+    worker = stack.workers[0]
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        worker._heartbeat.cancel()  # alive but silent
+        await asyncio.sleep(0.8)
+        assert (await env.list_sessions())[str(s.session_id)]["status"] == "task error"
+        assert not next(iter((await env.list_workers())["probe"].values()))["alive"]
+        with pytest.raises(EnvRequestError, match="already finished"):
+            await env.interact(s.session_id, say("x"))
+        await stack.add_worker()  # a restarted worker (new address) is used again
+        s2 = await env.start_sample("probe", 1)
+        assert (await env.interact(s2.session_id, say("x"))).status == "running"
+
+
+async def test_restart_on_same_address_ends_old_sessions(local_stack):
+    stack = await local_stack(workers=1, concurrency=2)
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        entry = next(iter(stack.controller.workers.values()))
+        status, _, _ = await raw(stack, "POST", "receive_heartbeat", json={
+            "name": "probe", "address": entry.address, "concurrency": 2, "indices": [0], "instance": "new-boot"})
+        assert status == 200
+        assert (await env.list_sessions())[str(s.session_id)]["status"] == "task error"
+        assert entry.alive and placement(stack) == [0]
+
+
+async def test_mark_stale_drains_worker(local_stack):
+    stack = await local_stack(workers=2, concurrency=4)
+    stale_id = min(stack.controller.workers)
+    status, body, _ = await raw(stack, "POST", "mark_stale", json={"name": "probe", "worker_id": stale_id,
+                                                                   "stale": True})
+    assert status == 200 and body["stale"]
+    async with EnvClient(stack.url) as env:
+        for i in range(3):
+            s = await env.start_sample("probe", i)
+            assert stack.controller.sessions[s.session_id].worker.id != stale_id
+    assert (await raw(stack, "POST", "mark_stale", json={"worker_id": 999}))[0] == 404
+
+
+async def test_worker_cancel_notice(local_stack):
+    stack = await local_stack()
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        worker = stack.workers[0]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{worker.address}/cancel_with_notice", json={"session_id": s.session_id}) as r:
+                assert r.status == 200
+        for _ in range(50):
+            if (await env.list_sessions())[str(s.session_id)]["status"] == "cancelled":
+                break
+            await asyncio.sleep(0.02)
+        assert (await env.list_sessions())[str(s.session_id)]["status"] == "cancelled"
+        assert placement(stack) == [0]
+
+
+async def test_token_auth(local_stack):
+    stack = await local_stack(token="s3cret")
+    assert (await raw(stack, "GET", "list_workers"))[0] == 401
+    assert (await raw(stack, "GET", "list_workers", token="wrong"))[0] == 401
+    async with EnvClient(stack.url, token="s3cret") as env:
+        s = await env.start_sample("probe", 0)  # controller -> worker also authenticated
+        assert (await env.interact(s.session_id, say("x"))).status == "running"
+    async with EnvClient(stack.url) as env:
+        with pytest.raises(EnvRequestError) as e:
+            await env.list_workers()
+        assert e.value.status_code == 401
+
+
+async def test_finished_sessions_forgotten(local_stack):
+    stack = await local_stack(finished_ttl=0.2, clean_interval=0.1)
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        await env.interact(s.session_id, say("finish"))
+        await asyncio.sleep(0.5)
+        assert str(s.session_id) not in await env.list_sessions()

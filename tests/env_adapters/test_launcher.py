@@ -1,0 +1,112 @@
+"""The stack as real processes: `EnvStack`, `agentrl-env up`, and a worker killed mid-session."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+
+import pytest
+
+from env_adapters.client import EnvClient
+from env_adapters.launcher import EnvStack, StackStartError, load_config
+
+CALL = {"id": "c1", "type": "function",
+        "function": {"name": "calculate", "arguments": json.dumps({"expression": "1+1"})}}
+STEP = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+
+
+def test_example_configs_are_valid():
+    names = [p.name for p in resources.files("env_adapters.configs").iterdir() if p.name.endswith(".yaml")]
+    assert "calc.yaml" in names
+    for name in names:
+        load_config(str(resources.files("env_adapters.configs") / name))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="replicaz"):
+        load_config({"workers": [{"task": "calc", "replicaz": 2}]})
+    with pytest.raises(ValueError, match="idle_timeout"):
+        load_config({"controller": {"idle_timeout": 3}})
+
+
+@pytest.mark.slow
+def test_worker_that_fails_to_start_is_named():
+    config = {"controller": {"port": 0}, "workers": [{"task": "calc", "options": {"size": 0}}]}
+    expected = r"(?s)worker0\.0-calc exited with code 2.*size and max_rounds must be >= 1"
+    with pytest.raises(StackStartError, match=expected):
+        EnvStack(config, startup_timeout=30).start()
+
+
+@pytest.mark.slow
+async def test_killed_worker_sessions_end_and_restart_is_used():
+    config = {"controller": {"port": 0, "heartbeat_timeout": 2, "clean_interval": 0.5},
+              "workers": [{"task": "calc", "replicas": 2, "concurrency": 4, "heartbeat_interval": 0.5}]}
+    with EnvStack(config) as stack:
+        async with EnvClient(stack.url) as env:
+            a, b = await env.start_sample("calc", 0), await env.start_sample("calc", 1)
+            workers = await env.list_workers()
+            by_id = {s: info["worker_id"] for s, info in (await env.list_sessions()).items()}
+            assert by_id[str(a.session_id)] != by_id[str(b.session_id)]  # least loaded: one each
+            address = workers["calc"][str(by_id[str(a.session_id)])]["address"]
+            victim = next(i for i, (label, proc) in enumerate(stack.workers)
+                          if f"worker{i // 2}" in label and _serves(proc.pid, address))
+            stack.kill_worker(victim)
+            t0 = time.monotonic()
+            reply = await env.interact(a.session_id, STEP)
+            assert (reply.finish, reply.status) == (True, "task error") and time.monotonic() - t0 < 3
+            assert (await env.interact(b.session_id, STEP)).status == "running"
+            for i in range(3):  # new sessions go to the survivor
+                s = await env.start_sample("calc", i)
+                assert (await env.list_sessions())[str(s.session_id)]["worker_id"] == by_id[str(b.session_id)]
+            stack.restart_worker(victim)
+            stack.wait_registered(2, timeout=20)
+            s = await env.start_sample("calc", 9)  # the survivor has 0 free... 4 used; the new one is idle
+            placed = (await env.list_sessions())[str(s.session_id)]["worker_id"]
+            assert placed not in (by_id[str(a.session_id)], by_id[str(b.session_id)])
+            assert (await env.interact(s.session_id, STEP)).status == "running"
+
+
+def _serves(pid: int, address: str) -> bool:
+    """Whether process ``pid`` listens on the port of ``address`` (via /proc, no extra dependency)."""
+    port = int(address.rsplit(":", 1)[1].split("/")[0])
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port and cols[3] == "0A" and cols[9] in inodes:
+                return True
+    return False
+
+
+@pytest.mark.slow
+def test_up_command_stops_everything_on_ctrl_c(tmp_path):
+    config = tmp_path / "stack.yaml"
+    config.write_text("controller: {port: 0}\nworkers:\n  - {task: calc, replicas: 2, concurrency: 2}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "env_adapters.cli", "up", str(config), "--log-dir", str(tmp_path)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:
+            if "controller URL" in line or time.monotonic() > deadline:
+                break
+        assert "controller URL" in line
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) == 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        for pid in children:
+            assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
