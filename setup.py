@@ -6,9 +6,6 @@ ENV_REQUIRES = [
     "aiohttp>=3.9",
     "orjson>=3.9",  # JSON on the controller/worker hot path
     "uvloop>=0.19; sys_platform != 'win32'",  # faster event loop for controller/worker (optional at run time)
-    "fastapi>=0.110",
-    "uvicorn>=0.29",
-    "httpx>=0.27",
     "pydantic>=2.5",
     "pyyaml>=6",
     "docker>=7",
@@ -18,6 +15,8 @@ TRAIN_REQUIRES = [
     "verl==0.9.1",
     # Modules verl 0.9.1 imports at run time (agent loop, trainer, llm server) but does not declare.
     "cachetools",
+    "fastapi",
+    "uvicorn",
     "pyzmq",
     "msgspec",
     "TransferQueue",
