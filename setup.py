@@ -5,6 +5,7 @@ from setuptools import find_packages, setup
 ENV_REQUIRES = [
     "aiohttp>=3.9",
     "orjson>=3.9",  # JSON on the controller/worker hot path
+    "httptools>=0.6",  # HTTP/1.1 parsing (C) under the controller, workers and client (env_adapters/http.py)
     "uvloop>=0.19; sys_platform != 'win32'",  # faster event loop for controller/worker (optional at run time)
     "pydantic>=2.5",
     "pyyaml>=6",
@@ -37,7 +38,8 @@ setup(
     packages=find_packages(include=["agentrl_verl", "agentrl_verl.*", "env_adapters", "env_adapters.*"]),
     package_data={
         "agentrl_verl": ["config/*.yaml", "config/**/*.yaml"],
-        "env_adapters": ["data/agentbench/**/*", "data/agentbench/*", "sandbox/images/*", "configs/*.yaml"],
+        "env_adapters": ["data/agentbench/**/*", "data/agentbench/*", "sandbox/images/*", "configs/*.yaml",
+                         "tasks/os_interaction/scripts/*/*"],
     },
     include_package_data=True,
     install_requires=ENV_REQUIRES,

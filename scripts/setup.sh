@@ -58,7 +58,7 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || fail "dockerd did not come up" "see .cache/dockerd.log"
 fi
 
-# 4. The tiny model (cached; prints what it builds) --------------------------------------------------
-# (task images: added with the container tasks)
+# 4. Task images and the tiny model (both cached; they log what they build) -------------------------
+"$VENV/bin/agentrl-env" build-images || fail "building task images" "see the message above; re-run with --verbose"
 "$VENV/bin/agentrl-verl" build-tiny-model || fail "building the tiny model" "see the message above"
 step "ready"

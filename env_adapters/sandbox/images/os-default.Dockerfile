@@ -6,6 +6,4 @@ ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/root \
     LANG=C.UTF-8 \
     TERM=dumb
-# debootstrap leaves apt caches and lists behind; they only make every container heavier.
-RUN rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/*
 CMD ["bash"]

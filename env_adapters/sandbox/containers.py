@@ -1,0 +1,209 @@
+"""Containers for sessions: isolation limits, ownership labels, a pool of pre-started containers, a reaper.
+
+Every container this module starts carries the label ``agentrl.sandbox`` and the label ``agentrl.owner``
+naming the process that owns it as ``host:pid:start-time`` (start time from ``/proc``, so a reused pid does
+not count as the same owner). The owner keeps the set of its live containers (sessions and pool) in memory.
+The reaper removes a labelled container when
+
+- this process owns it and it is neither in a session nor in the pool (a session that ended without
+  cleaning up), or
+- another process on this host owns it and that process no longer exists (a crashed or killed worker:
+  its restart, or any other worker on the host, cleans up after it).
+
+Containers of owners on other hosts are left alone: their liveness cannot be checked from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+logger = logging.getLogger(__name__)
+
+LABEL_SANDBOX = "agentrl.sandbox"
+LABEL_OWNER = "agentrl.owner"
+LABEL_IMAGE = "agentrl.image"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Isolation of one container (Docker's own units).
+
+    Attributes:
+        network: Docker network mode; ``none`` leaves only loopback.
+        memory: Memory limit (swap included), e.g. ``512m``.
+        cpus: CPU quota in cores.
+        pids: Maximum number of processes (stops fork bombs).
+    """
+
+    network: str = "none"
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids: int = 256
+
+
+def _start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def this_owner() -> str:
+    """The owner label of this process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process named by an owner label still runs; None when it lives on another host."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    if not pid.isdigit():
+        return False  # a malformed label: nobody can claim it
+    return _start_time(int(pid)) == start
+
+
+class ContainerPool:
+    """Starts, hands out and removes the containers of one process, keeping ``size`` idle ones per image.
+
+    Args:
+        client: Docker client (default: from the environment).
+        limits: Isolation of every container.
+        size: Idle containers kept started per image (0: start one on demand for every session).
+        reap_interval: Seconds between reaper runs after :meth:`start` (0: only at start).
+    """
+
+    def __init__(self, client: docker.DockerClient | None = None, *, limits: Limits | None = None, size: int = 2,
+                 reap_interval: float = 60.0) -> None:
+        if size < 0:
+            raise ValueError(f"pool size must be >= 0, got {size}")
+        self.client = client or docker.from_env()
+        self.limits = limits or Limits()
+        self.size, self.reap_interval = size, reap_interval
+        self.owner = this_owner()
+        self._idle: dict[str, list[Container]] = defaultdict(list)
+        self._live: set[str] = set()  # names of every container this pool started and has not removed
+        self._refills: dict[str, asyncio.Task] = {}
+        self._reaper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Reap leftovers (e.g. of a crashed predecessor) and start the periodic reaper."""
+        await asyncio.to_thread(self.reap)
+        if self.reap_interval > 0:
+            self._reaper = asyncio.create_task(self._reap_loop())
+
+    def warm(self, image: str) -> None:
+        """Start filling the pool of ``image`` in the background (else it fills after the first :meth:`acquire`)."""
+        if self.size and (image not in self._refills or self._refills[image].done()):
+            self._refills[image] = asyncio.create_task(self._refill(image))
+
+    async def acquire(self, image: str) -> Container:
+        """A running container of ``image``: an idle pooled one if there is one, else a new one."""
+        idle = self._idle[image]
+        container = idle.pop() if idle else None
+        self.warm(image)
+        if container is None:
+            container = await asyncio.to_thread(self._create, image)
+        return container
+
+    async def release(self, container: Container) -> None:
+        """Remove a container handed out by :meth:`acquire` (containers are never reused across sessions)."""
+        await asyncio.to_thread(self._remove, container.name)
+
+    async def close(self) -> None:
+        """Stop refilling and reaping; remove every container this pool started."""
+        tasks = [t for t in (self._reaper, *self._refills.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._idle.clear()
+        await asyncio.to_thread(self.reap, True)
+
+    def reap(self, everything_of_mine: bool = False) -> list[str]:
+        """Remove orphaned containers (see the module doc); also all of this process's if asked. Returns names."""
+        removed = []
+        # The low-level listing: no per-container inspect that could race with removals elsewhere.
+        for info in self.client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
+            name, owner = info["Names"][0].lstrip("/"), (info.get("Labels") or {}).get(LABEL_OWNER, "")
+            if owner == self.owner:
+                orphan = everything_of_mine or name not in self._live
+            else:
+                orphan = owner_alive(owner) is False
+            if orphan:
+                self._remove(name)
+                removed.append(name)
+        if removed:
+            logger.info("removed %d container(s): %s", len(removed), ", ".join(removed))
+        return removed
+
+    # ---- internals -----------------------------------------------------------------------------------
+
+    async def _refill(self, image: str) -> None:
+        # One container at a time: starting many at once only slows the sessions that are waiting.
+        while len(self._idle[image]) < self.size:
+            try:
+                container = await asyncio.to_thread(self._create, image)
+            except docker.errors.DockerException as e:
+                logger.warning("could not pre-start a container of %s: %s", image, e)
+                return
+            self._idle[image].append(container)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reap_interval)
+            try:
+                await asyncio.to_thread(self.reap)
+            except docker.errors.DockerException as e:
+                logger.warning("reaper run failed: %s", e)
+
+    def _create(self, image: str) -> Container:
+        name = f"agentrl-{uuid.uuid4().hex[:16]}"
+        # Registered before it exists, so that a concurrent reaper run never takes it for an orphan.
+        self._live.add(name)
+        try:
+            return self.client.containers.run(
+                image,
+                ["sleep", "infinity"],
+                name=name,
+                detach=True,
+                init=True,  # reaps the zombies of background jobs
+                network_mode=self.limits.network,
+                mem_limit=self.limits.memory,
+                memswap_limit=self.limits.memory,
+                nano_cpus=int(self.limits.cpus * 1e9),
+                pids_limit=self.limits.pids,
+                labels={LABEL_SANDBOX: "1", LABEL_OWNER: self.owner, LABEL_IMAGE: image},
+            )
+        except BaseException:
+            self._live.discard(name)
+            with contextlib.suppress(docker.errors.DockerException):
+                self.client.containers.get(name).remove(force=True)
+            raise
+
+    def _remove(self, name: str) -> None:
+        try:
+            self.client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            # "removal already in progress" from a concurrent reaper run is fine too.
+            if e.status_code != 409:
+                raise
+        self._live.discard(name)

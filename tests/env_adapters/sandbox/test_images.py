@@ -1,0 +1,47 @@
+"""Image specs are cached by content; ``build-images`` only builds what is missing."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+docker = pytest.importorskip("docker")
+
+from env_adapters.sandbox import images  # noqa: E402
+
+
+def test_the_tag_follows_the_content_of_the_spec():
+    spec = images.IMAGES["os-default"]
+    assert spec.tag == f"agentrl-os-default:{spec.content_hash()}"
+    same = dataclasses.replace(spec, packages=tuple(reversed(spec.packages)))
+    assert same.tag == spec.tag  # order of packages does not matter
+    more = dataclasses.replace(spec, packages=(*spec.packages, "jq"))
+    other_file = dataclasses.replace(spec, dockerfile="os-ubuntu.Dockerfile")
+    assert more.tag != spec.tag and other_file.tag != spec.tag
+    assert "npm" in images.IMAGES["os-packages"].packages and not images.IMAGES["os-packages"].default
+
+
+def test_unknown_images_are_named_in_the_error():
+    with pytest.raises(KeyError, match="known:"):
+        images.ensure_image(None, "os-alpine")
+    assert images.run(argparse.Namespace(images=["os-alpine"], all=False, list=False)) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_build_images_skips_images_that_exist(monkeypatch):
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker daemon: {e}")
+    images.ensure_image(client, "os-default")  # built once by scripts/setup.sh; here only if missing
+
+    def no_build(client, spec):
+        raise AssertionError(f"{spec.name} exists and must not be rebuilt")
+
+    monkeypatch.setattr(images, "build_image", no_build)
+    assert images.run(argparse.Namespace(images=[], all=False, list=False)) == 0
+    assert images.image_exists(client, images.IMAGES["os-default"])
