@@ -3,7 +3,6 @@
 from setuptools import find_packages, setup
 
 ENV_REQUIRES = [
-    "aiohttp>=3.9",
     "orjson>=3.9",  # JSON on the controller/worker hot path
     "httptools>=0.6",  # HTTP/1.1 parsing (C) under the controller, workers and client (env_adapters/http.py)
     "uvloop>=0.19; sys_platform != 'win32'",  # faster event loop for controller/worker (optional at run time)
@@ -25,7 +24,7 @@ TRAIN_REQUIRES = [
     "pyarrow",
     "matplotlib",
 ]
-TEST_REQUIRES = ["pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
+TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
 
 setup(
     name="agentrl-verl",

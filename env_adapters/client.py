@@ -20,11 +20,11 @@ import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
-import aiohttp
 import orjson
 
-from env_adapters.http import auth_headers
+from env_adapters.http import ClientError, ConnectError, HTTPClient, auth_headers
 from env_adapters.protocol import Index, InteractResponse, Message, SampleStatus, ToolSchema
 
 logger = logging.getLogger(__name__)
@@ -82,39 +82,34 @@ class EnvClient:
         self.api = base_url if base_url.endswith("/api") else f"{base_url}/api"
         self.token, self.request_timeout = token, request_timeout
         self.max_retries, self.backoff, self.max_connections = max_retries, backoff, max_connections
-        self._http: aiohttp.ClientSession | None = None
+        self._http: HTTPClient | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session binds to the running event loop.
+    def _client(self) -> HTTPClient:
+        # Created lazily: its connections belong to the event loop that runs the first request.
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0),
-                headers={"Content-Type": "application/json", **auth_headers(self.token)},
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
-            )
+            self._http = HTTPClient(auth_headers(self.token), self.request_timeout, self.max_connections)
         return self._http
 
     async def _request(self, method: str, path: str, *, body: Any = None, session_id: int | None = None,
                        params: dict[str, str] | None = None, idempotent: bool) -> tuple[Any, Any]:
-        """Send one request with retries; return ``(response headers, decoded JSON body)``."""
+        """Send one request with retries; return ``(response headers (lower-case names), decoded JSON body)``."""
         headers = {"session_id": str(session_id)} if session_id is not None else None
         data = orjson.dumps(body) if body is not None else None
-        url = f"{self.api}/{path}"
+        url = f"{self.api}/{path}?{urlencode(params)}" if params else f"{self.api}/{path}"
         problem = ""
         for attempt in range(self.max_retries + 1):
             try:
-                async with self._session().request(method, url, data=data, headers=headers, params=params) as resp:
-                    raw = await resp.read()
-                    if resp.status == 200:
-                        return resp.headers, orjson.loads(raw)
-                    detail = _detail(raw)
-                    if resp.status != 503:
-                        raise EnvRequestError(resp.status, detail, path)
-                    problem = f"busy: {detail}"
-                    delay = self._delay(attempt, resp.headers.get("Retry-After"))
-            except aiohttp.ClientConnectorError as e:  # never reached the server: always safe to repeat
+                resp = await self._client().request(method, url, data, headers=headers)
+                if resp.status == 200:
+                    return resp.headers, resp.json()
+                detail = _detail(resp.body)
+                if resp.status != 503:
+                    raise EnvRequestError(resp.status, detail, path)
+                problem = f"busy: {detail}"
+                delay = self._delay(attempt, resp.headers.get("retry-after"))
+            except ConnectError as e:  # never reached the server: always safe to repeat
                 problem, delay = repr(e), self._delay(attempt)
-            except (aiohttp.ClientError, TimeoutError) as e:
+            except (ClientError, TimeoutError) as e:
                 if not idempotent:
                     raise EnvUnavailable(f"{path}: {e!r} (not retried: the server may have acted on it)") from e
                 problem, delay = repr(e), self._delay(attempt)

@@ -30,21 +30,25 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
 from env_adapters import __version__
 from env_adapters.http import (
     DEFAULT_MAX_BODY_MB,
+    SHUTDOWN_GRACE_S,
+    ClientError,
+    Handler,
+    HTTPClient,
     HTTPError,
+    HTTPServer,
+    Request,
+    Response,
     auth_headers,
     body_session_id,
+    drain,
     json_response,
-    make_app,
     read_json,
     run_until_signal,
-    serve,
     session_id_header,
 )
 from env_adapters.protocol import SampleStatus
@@ -52,6 +56,7 @@ from env_adapters.protocol import SampleStatus
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5020
+MAX_CANCELS_IN_FLIGHT = 64
 _TERMINAL = {s.value: s for s in SampleStatus}
 
 
@@ -133,36 +138,39 @@ class Controller:
         self._worker_ids = itertools.count(1)
         self._waiters: dict[str, deque[asyncio.Future]] = {}
         self._background: set[asyncio.Task] = set()
-        self._http: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        # A cancel_all of thousands of sessions sends as many cancels: a few keep-alive connections carry
+        # them in turn rather than one new connection each.
+        self._cancel_gate = asyncio.Semaphore(MAX_CANCELS_IN_FLIGHT)
+        self._http: HTTPClient | None = None
+        self._server: HTTPServer | None = None
         self._cleaner: asyncio.Task | None = None
         self._stopped = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = make_app(self.token, self.config.max_body_mb)
-        app.add_routes([
-            web.post("/api/start_sample", self._start_sample),
-            web.post("/api/interact", self._interact),
-            web.post("/api/cancel", self._cancel),
-            web.get("/api/get_indices", self._get_indices),
-            web.get("/api/list_workers", self._list_workers),
-            web.get("/api/list_sessions", self._list_sessions),
-            web.post("/api/cancel_all", self._cancel_all),
-            web.post("/api/receive_heartbeat", self._receive_heartbeat),
-            web.post("/api/cancel_notice", self._cancel_notice),
-            web.post("/api/mark_stale", self._mark_stale),
-            web.post("/api/sync_all", self._sync_all),
-            web.get("/api/version", self._version),
-        ])
-        return app
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        """The HTTP routes, by method and path."""
+        return {
+            ("POST", "/api/start_sample"): self._start_sample,
+            ("POST", "/api/interact"): self._interact,
+            ("POST", "/api/cancel"): self._cancel,
+            ("GET", "/api/get_indices"): self._get_indices,
+            ("GET", "/api/list_workers"): self._list_workers,
+            ("GET", "/api/list_sessions"): self._list_sessions,
+            ("POST", "/api/cancel_all"): self._cancel_all,
+            ("POST", "/api/receive_heartbeat"): self._receive_heartbeat,
+            ("POST", "/api/cancel_notice"): self._cancel_notice,
+            ("POST", "/api/mark_stale"): self._mark_stale,
+            ("POST", "/api/sync_all"): self._sync_all,
+            ("GET", "/api/version"): self._version,
+        }
 
     async def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> str:
         """Serve and start the expiry sweep; return the base URL (``http://host:port``)."""
         # No connection cap towards workers: their own concurrency bounds the requests in flight.
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=auth_headers(self.token))
-        self._runner, bound = await serve(self.app(), host, port)
+        self._http = HTTPClient(headers=auth_headers(self.token))
+        self._server = HTTPServer(self.routes(), self.token, self.config.max_body_mb)
+        bound = await self._server.start(host, port)
         self._cleaner = asyncio.create_task(self._clean_loop())
         url = f"http://{host}:{bound}"
         logger.info("controller serving at %s", url)
@@ -175,10 +183,9 @@ class Controller:
         self._stopped = True
         if self._cleaner:
             self._cleaner.cancel()
-        if self._runner:
-            await self._runner.cleanup()
-        if self._background:
-            await asyncio.wait(self._background, timeout=5)
+        if self._server:
+            await self._server.close()
+        await drain(list(self._background), SHUTDOWN_GRACE_S, "cancel(s) to workers")
         if self._http:
             await self._http.close()
 
@@ -186,17 +193,13 @@ class Controller:
 
     async def _post(self, worker: WorkerEntry, route: str, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
         try:
-            async with self._http.post(f"{worker.address}/{route}", data=orjson.dumps(body),
-                                       headers={"Content-Type": "application/json"},
-                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as e:
+            resp = await self._http.request("POST", f"{worker.address}/{route}", orjson.dumps(body), timeout=timeout)
+        except (ClientError, TimeoutError) as e:
             raise _WorkerGone(f"worker {worker.id} ({worker.address}) {route}: {e!r}") from e
         try:
-            return status, orjson.loads(raw)
+            return resp.status, resp.json()
         except orjson.JSONDecodeError:
-            return status, {"detail": raw[:500].decode(errors="replace")}
+            return resp.status, {"detail": resp.body[:500].decode(errors="replace")}
 
     def _fire(self, coro) -> None:
         """Run ``coro`` in the background (kept referenced until done)."""
@@ -206,16 +209,17 @@ class Controller:
 
     async def _cancel_on_worker(self, worker: WorkerEntry, sid: int) -> None:
         try:
-            await self._post(worker, "cancel", {"session_id": sid}, timeout=10)
+            async with self._cancel_gate:
+                await self._post(worker, "cancel", {"session_id": sid}, timeout=10)
         except _WorkerGone as e:
             logger.debug("cancel of session %d not delivered: %s", sid, e)
 
     async def _resync(self, worker: WorkerEntry) -> None:
         """Reconcile our view of a worker's sessions with its own: end ours it lost, cancel its orphans."""
         try:
-            async with self._http.get(f"{worker.address}/get_sessions", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                theirs = {int(sid) for sid in orjson.loads(await r.read())} if r.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
+            r = await self._http.request("GET", f"{worker.address}/get_sessions", timeout=10)
+            theirs = {int(sid) for sid in r.json()} if r.status == 200 else None
+        except (ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
             logger.warning("re-sync of worker %d failed: %r", worker.id, e)
             return
         if theirs is None:
@@ -298,8 +302,8 @@ class Controller:
 
     # ---- client face ----------------------------------------------------------------------------
 
-    async def _start_sample(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+    async def _start_sample(self, request: Request) -> Response:
+        data = read_json(request)
         name = self._known_task(data.get("name"))
         body = {"index": data.get("index", -1), "custom_task": data.get("custom_task"), "session_id": 0}
         deadline = time.monotonic() + self.config.start_wait
@@ -337,13 +341,13 @@ class Controller:
             answer.update(status=s.status.value, finish=True, reward=s.reward, metrics=out.get("metric", {}))
         return json_response(answer, headers={"session_id": str(sid)})
 
-    async def _interact(self, request: web.Request) -> web.Response:
+    async def _interact(self, request: Request) -> Response:
         s = self._session(session_id_header(request))
         if s.status is not SampleStatus.RUNNING:
             raise HTTPError(409, f"session {s.id} already finished with status {s.status.value!r}")
         if s.busy:
             raise HTTPError(409, f"session {s.id} already has an interact in flight; send one at a time")
-        data = await read_json(request)
+        data = read_json(request)
         messages = data.get("messages")
         if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], dict):
             raise HTTPError(400, "'messages' must be a list with exactly one assistant message object")
@@ -381,7 +385,7 @@ class Controller:
         return self._finished_answer(s)
 
     @staticmethod
-    def _finished_answer(s: SessionEntry) -> web.Response:
+    def _finished_answer(s: SessionEntry) -> Response:
         return json_response({"finish": True, "reward": s.reward, "status": s.status.value, "messages": [],
                               "metrics": {}})
 
@@ -389,9 +393,8 @@ class Controller:
         """The worker did not answer: if it is gone, end all its sessions; else end this one (and cancel it)."""
         worker = s.worker
         try:
-            async with self._http.get(f"{worker.address}/worker_status", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                reachable = r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            reachable = (await self._http.request("GET", f"{worker.address}/worker_status", timeout=2)).status == 200
+        except (ClientError, TimeoutError):
             reachable = False
         if reachable:
             logger.warning("session %d: %s; ending it with task error", s.id, reason)
@@ -400,14 +403,14 @@ class Controller:
         else:
             self._worker_down(worker, reason)
 
-    async def _cancel(self, request: web.Request) -> web.Response:
+    async def _cancel(self, request: Request) -> Response:
         s = self._session(session_id_header(request))
         if self._end(s, SampleStatus.CANCELLED):
             self._fire(self._cancel_on_worker(s.worker, s.id))
         return json_response({"session_id": s.id, "status": s.status.value})
 
-    async def _cancel_all(self, request: web.Request) -> web.Response:
-        data = await read_json(request) if request.can_read_body else {}
+    async def _cancel_all(self, request: Request) -> Response:
+        data = read_json(request) if request.body else {}
         name = data.get("name")
         cancelled = []
         for s in list(self.sessions.values()):
@@ -416,19 +419,19 @@ class Controller:
                 cancelled.append(s.id)
         return json_response({"cancelled": cancelled})
 
-    async def _get_indices(self, request: web.Request) -> web.Response:
+    async def _get_indices(self, request: Request) -> Response:
         name = self._known_task(request.query.get("name"))
         worker = max((w for w in self.workers.values() if w.name == name), key=lambda w: w.last_seen)
         return json_response(worker.indices)
 
-    async def _list_workers(self, request: web.Request) -> web.Response:
+    async def _list_workers(self, request: Request) -> Response:
         now = time.monotonic()
         by_task: dict[str, dict[str, Any]] = {}
         for w in self.workers.values():
             by_task.setdefault(w.name, {})[str(w.id)] = w.describe(now)
         return json_response(by_task)
 
-    async def _list_sessions(self, request: web.Request) -> web.Response:
+    async def _list_sessions(self, request: Request) -> Response:
         now = time.monotonic()
         return json_response({str(s.id): {"name": s.name, "worker_id": s.worker.id, "status": s.status.value,
                                           "busy": s.busy, "idle_s": round(now - s.last_active, 3)}
@@ -436,8 +439,8 @@ class Controller:
 
     # ---- worker face ----------------------------------------------------------------------------
 
-    async def _receive_heartbeat(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+    async def _receive_heartbeat(self, request: Request) -> Response:
+        data = read_json(request)
         name, address, concurrency = data.get("name"), data.get("address"), data.get("concurrency")
         if not isinstance(name, str) or not isinstance(address, str) or not isinstance(concurrency, int):
             raise HTTPError(400, "heartbeat needs 'name' (str), 'address' (str) and 'concurrency' (int)")
@@ -459,16 +462,16 @@ class Controller:
         self._wake(name, everyone=True)
         return json_response({"worker_id": worker.id})
 
-    async def _cancel_notice(self, request: web.Request) -> web.Response:
-        s = self.sessions.get(body_session_id(await read_json(request)))
+    async def _cancel_notice(self, request: Request) -> Response:
+        s = self.sessions.get(body_session_id(read_json(request)))
         if s is not None:
             self._end(s, SampleStatus.CANCELLED)
         return json_response({"ok": True})
 
     # ---- operations -----------------------------------------------------------------------------
 
-    async def _mark_stale(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+    async def _mark_stale(self, request: Request) -> Response:
+        data = read_json(request)
         worker = self.workers.get(data.get("worker_id"))
         if worker is None or ("name" in data and data["name"] != worker.name):
             raise HTTPError(404, f"no worker {data.get('worker_id')!r} of task {data.get('name')!r} (see list_workers)")
@@ -477,12 +480,12 @@ class Controller:
             self._wake(worker.name, everyone=True)
         return json_response(worker.describe(time.monotonic()))
 
-    async def _sync_all(self, request: web.Request) -> web.Response:
+    async def _sync_all(self, request: Request) -> Response:
         alive = [w for w in self.workers.values() if w.alive]
         await asyncio.gather(*(self._resync(w) for w in alive))
         return json_response({"synced": [w.id for w in alive]})
 
-    async def _version(self, request: web.Request) -> web.Response:
+    async def _version(self, request: Request) -> Response:
         return json_response({"version": __version__, "implementation": "agentrl-env", "protocol": "agentbench-fc"})
 
     # ---- expiry ---------------------------------------------------------------------------------

@@ -1,7 +1,18 @@
-"""Small HTTP helpers shared by the controller and the worker (aiohttp server side).
+"""A lean HTTP/1.1 layer for the controller, the workers and the client: asyncio protocols + httptools.
 
-Errors are answered as ``{"detail": "..."}`` like the upstream FastAPI worker, so that one client code path
-reads both. JSON goes through orjson: on the interact hot path serialisation is a visible share of the cost.
+Why not a framework: an interact crosses two HTTP hops (client -> controller -> worker), and with aiohttp's
+server and client the controller spent several hundred microseconds of CPU per interact in request/response
+objects, middlewares, timers and stream readers. Here a request is parsed by httptools (the C parser uvicorn
+uses) straight into a small :class:`Request`, handlers return a :class:`Response` of ready bytes, and the client
+keeps a pool of keep-alive connections, each a protocol that parses the reply in C as it arrives.
+
+Server: routes are ``{(method, path): handler}``; errors are answered as ``{"detail": "..."}`` like the upstream
+FastAPI worker (400 malformed, 401 token, 404 route, 405 method, 413 body too large, 500 handler bug), so that one
+client code path reads every error. Requests on one connection are answered in order (pipelining allowed).
+
+Client: :class:`HTTPClient` raises :class:`ConnectError` when no connection could be opened (the server cannot
+have acted: always safe to retry), :class:`ServerDisconnectedError` when the connection broke before the full
+reply, and ``TimeoutError``. JSON goes through orjson everywhere.
 """
 
 from __future__ import annotations
@@ -10,18 +21,31 @@ import asyncio
 import hmac
 import logging
 import signal
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection
+from functools import lru_cache
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
+import httptools
 import orjson
-from aiohttp import web
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_MB = 4.0
+KEEPALIVE_TIMEOUT_S = 75.0  # server side: an idle connection is closed after this long
+CLIENT_IDLE_S = 15.0  # client side: well below the server's, so a pooled connection is never reused as it closes
+# Shutdown budget per stage (requests in flight, then background notices): together well inside the
+# launcher's 10 s between SIGTERM and SIGKILL.
+SHUTDOWN_GRACE_S = 2.0
+_PIPELINE_DEPTH = 32  # queued requests on one connection before it stops reading
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, headers=headers, content_type="application/json")
+# ---- messages ------------------------------------------------------------------------------------
 
 
 class HTTPError(Exception):
@@ -32,11 +56,57 @@ class HTTPError(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong (413 when too large)."""
-    body = await request.read()  # aiohttp raises 413 past client_max_size
+class Request:
+    """A received request: ``headers`` has lower-case names; ``query`` is parsed on first use."""
+
+    __slots__ = ("method", "path", "raw_query", "headers", "body", "_query")
+
+    def __init__(self, method: str, path: str, raw_query: str, headers: dict[str, str], body: bytes) -> None:
+        self.method, self.path, self.raw_query, self.headers, self.body = method, path, raw_query, headers, body
+        self._query: dict[str, str] | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        if self._query is None:
+            self._query = dict(parse_qsl(self.raw_query))
+        return self._query
+
+
+class Response:
+    """A reply to send: status, body bytes and extra headers (``Content-Type`` is JSON unless given)."""
+
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int = 200, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.status, self.body, self.headers = status, body, headers
+
+    def encode(self, keep_alive: bool) -> bytes:
+        head = [b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n" % (self.status, _REASONS.get(self.status, b""),
+                                                                   len(self.body))]
+        if not self.headers or "Content-Type" not in self.headers:
+            head.append(b"Content-Type: application/json\r\n")
+        if self.headers:
+            head.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in self.headers.items())
+        if not keep_alive:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        head.append(self.body)
+        return b"".join(head)
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``data`` serialised with orjson as the reply body."""
+    return Response(status, orjson.dumps(data), headers)
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, orjson.dumps({"detail": detail}), headers)
+
+
+def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong."""
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(request.body)
     except orjson.JSONDecodeError as e:
         raise HTTPError(400, f"request body is not valid JSON: {e}") from e
     if not isinstance(data, dict):
@@ -44,7 +114,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def session_id_header(request: web.Request) -> int:
+def session_id_header(request: Request) -> int:
+    """The ``session_id`` request header as an int, or a 400 naming the problem."""
     raw = request.headers.get("session_id")
     if raw is None:
         raise HTTPError(400, "missing 'session_id' header")
@@ -55,62 +126,405 @@ def session_id_header(request: web.Request) -> int:
 
 
 def body_session_id(data: dict[str, Any]) -> int:
+    """The integer ``session_id`` of a request body, or a 400 naming the problem."""
     sid = data.get("session_id")
     if isinstance(sid, bool) or not isinstance(sid, int):
         raise HTTPError(400, f"body must carry an integer 'session_id', got {sid!r}")
     return sid
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler):
-    """Answer our errors and aiohttp's own (413, unknown route, 405) with a ``{"detail"}`` JSON body."""
-    try:
-        return await handler(request)
-    except HTTPError as e:
-        return json_response({"detail": e.detail}, e.status, e.headers)
-    except web.HTTPException as e:
-        if e.status_code < 400:
-            raise
-        detail = e.text or e.reason
-        if e.status_code == 413:
-            detail = f"request body too large ({detail}); raise max_body_mb if such messages are expected"
-        return json_response({"detail": detail}, e.status_code)
-
-
-def make_app(token: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> web.Application:
-    """An application with JSON errors, an optional shared-token check and a request size limit."""
-    middlewares = [_json_errors]
-    if token:
-        expected = f"Bearer {token}".encode()
-
-        @web.middleware
-        async def auth(request: web.Request, handler):
-            if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-                return json_response({"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"}, 401)
-            return await handler(request)
-
-        middlewares.append(auth)
-    return web.Application(middlewares=middlewares, client_max_size=int(max_body_mb * 2**20))
-
-
 def auth_headers(token: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for a shared token (none without one)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``host:port`` (0: any free port) and return the runner and the bound port."""
-    # No access log: one log line per interact would cost more than the rest of the request.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
-    return runner, runner.addresses[0][1]
+# ---- server --------------------------------------------------------------------------------------
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 
-def run_until_signal(main) -> None:
+class HTTPServer:
+    """Serve ``routes`` (``{("POST", "/api/interact"): handler}``) with an optional shared token and body limit.
+
+    Args:
+        routes: Handlers by method and path.
+        token: When set, every request must carry ``Authorization: Bearer <token>`` (else 401).
+        max_body_mb: Largest request body accepted (413 beyond).
+    """
+
+    def __init__(self, routes: dict[tuple[str, str], Handler], token: str | None = None,
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
+        self.routes = routes
+        self._paths = {path for _, path in routes}
+        self._expected_auth = f"Bearer {token}".encode() if token else None
+        self.max_body = int(max_body_mb * 2**20)
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_ServerProtocol] = set()
+        self.closing = False
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port); return the bound port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port, backlog=4096)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self, grace: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting, let requests in flight finish (up to ``grace`` seconds), then close every connection."""
+        self.closing = True
+        if self._server is None:
+            return
+        self._server.close()
+        busy = []
+        for conn in list(self._connections):
+            if conn.task is None:
+                conn.close()
+            else:
+                busy.append(conn.task)
+        await drain(busy, grace, "request(s) in flight")
+        for conn in list(self._connections):
+            conn.close()
+        await self._server.wait_closed()
+
+    async def dispatch(self, request: Request) -> Response:
+        """Answer one request (never raises, except on cancellation)."""
+        if self._expected_auth is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), self._expected_auth):
+            return _error(401, "missing or wrong token: send 'Authorization: Bearer <token>'")
+        handler = self.routes.get((request.method, request.path))
+        if handler is None:
+            if request.path in self._paths:
+                return _error(405, f"method {request.method} not allowed on {request.path}")
+            return _error(404, f"no route {request.path}")
+        try:
+            return await handler(request)
+        except HTTPError as e:
+            return _error(e.status, e.detail, e.headers)
+        except Exception as e:
+            logger.exception("%s %s failed", request.method, request.path)
+            return _error(500, f"internal error in {request.path}: {e!r}")
+
+
+class _ServerProtocol(asyncio.Protocol):
+    """One client connection: parse requests as bytes arrive, answer them in order, one task at a time."""
+
+    def __init__(self, server: HTTPServer) -> None:
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.queue: deque[tuple[Request | Response, bool]] = deque()  # (request or ready error, keep alive)
+        self.task: asyncio.Task | None = None
+        self.paused = False
+        self._idle: asyncio.TimerHandle | None = None
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+
+    # transport callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server._connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        self.transport = None
+        if self._idle is not None:
+            self._idle.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reply_and_close(_error(400, "protocol upgrades are not supported"))
+        except httptools.HttpParserError as e:
+            self._reply_and_close(_error(400, f"malformed HTTP request: {e}"))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(KEEPALIVE_TIMEOUT_S, self.close)
+
+    def _reply_and_close(self, response: Response) -> None:
+        """Answer ``response`` after the requests already queued, then close: the stream cannot be parsed on."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.queue.append((response, False))
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._serve())
+
+    # parser callbacks
+    def on_message_begin(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._url, self._headers, self._body, self._size = b"", {}, [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size <= self.server.max_body:  # beyond: read and drop the rest, then answer 413
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep_alive = self.parser.should_keep_alive()
+        if self._size > self.server.max_body:
+            limit_mb = self.server.max_body / 2**20
+            item: Request | Response = _error(413, f"request body too large ({self._size} bytes > {limit_mb:g} MiB); "
+                                                   "raise max_body_mb if such messages are expected")
+            keep_alive = False
+        else:
+            path, _, query = self._url.decode("latin-1").partition("?")
+            item = Request(self.parser.get_method().decode(), path, query, self._headers, b"".join(self._body))
+        self.queue.append((item, keep_alive))
+        if len(self.queue) >= _PIPELINE_DEPTH and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while self.queue:
+            item, keep_alive = self.queue.popleft()
+            if self.paused and self.transport is not None:
+                self.transport.resume_reading()
+                self.paused = False
+            response = item if isinstance(item, Response) else await self.server.dispatch(item)
+            if self.transport is None:  # the client went away: its answer has nowhere to go
+                break
+            keep_alive = keep_alive and not self.server.closing
+            self.transport.write(response.encode(keep_alive))
+            if not keep_alive:
+                self.transport.close()
+                break
+        self.task = None
+        if self.transport is not None and not self.queue:
+            self._arm_idle()
+
+
+# ---- client --------------------------------------------------------------------------------------
+
+
+class ClientError(Exception):
+    """A request failed below HTTP (no connection, broken connection, malformed reply)."""
+
+
+class ConnectError(ClientError):
+    """No connection could be opened: the server cannot have seen the request (always safe to retry)."""
+
+
+class ServerDisconnectedError(ClientError):
+    """The connection closed (or the reply was malformed) before the full reply arrived."""
+
+
+class ClientResponse:
+    """A received reply: ``headers`` has lower-case names."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@lru_cache(maxsize=4096)
+def _split_url(url: str) -> tuple[str, int, str]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"unsupported URL {url!r}: expected http://host[:port]/path (no TLS in this client)")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.hostname, parts.port or 80, target
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """One keep-alive connection; carries one request at a time."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future | None = None
+        self.pool: list[_ClientProtocol] | None = None  # the idle list holding this connection, if any
+        self.last_used = time.monotonic()
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+
+    @property
+    def usable(self) -> bool:
+        return self.transport is not None and time.monotonic() - self.last_used < CLIENT_IDLE_S
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.pool is not None:  # closed while idle (e.g. the server's keep-alive timeout): forget it
+            self.pool.remove(self)
+            self.pool = None
+        self._fail(ServerDisconnectedError(f"server closed the connection before replying ({exc!r})"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(ServerDisconnectedError(f"malformed HTTP reply: {e}"))
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+    def on_message_begin(self) -> None:
+        self._headers, self._body = {}, []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        response = ClientResponse(self.parser.get_status_code(), self._headers, b"".join(self._body))
+        if not self.parser.should_keep_alive():
+            self.close()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(response)
+
+
+class HTTPClient:
+    """A pooled keep-alive HTTP/1.1 client for JSON APIs on plain ``http://`` URLs.
+
+    Args:
+        headers: Sent with every request (e.g. ``Authorization``).
+        timeout: Default seconds for one request, connecting included.
+        max_connections: Requests in flight at once (more wait their turn); 0: no limit.
+    """
+
+    def __init__(self, headers: dict[str, str] | None = None, timeout: float = 300.0, max_connections: int = 0) -> None:
+        self._base_headers = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in (headers or {}).items())
+        self.timeout = timeout
+        self._gate = asyncio.Semaphore(max_connections) if max_connections > 0 else None
+        self._idle: dict[tuple[str, int], list[_ClientProtocol]] = {}
+        self._busy: set[_ClientProtocol] = set()
+        self.closed = False
+
+    async def request(self, method: str, url: str, body: bytes | None = None, *,
+                      headers: dict[str, str] | None = None, timeout: float | None = None) -> ClientResponse:
+        """Send one request and return the full reply (any status).
+
+        Raises:
+            ConnectError: No connection could be opened.
+            ServerDisconnectedError: The connection broke before the full reply.
+            TimeoutError: No full reply within ``timeout`` seconds.
+        """
+        if self.closed:
+            raise RuntimeError("HTTPClient is closed")
+        host, port, target = _split_url(url)
+        head = [b"%s %s HTTP/1.1\r\nHost: %s:%d\r\n" % (method.encode(), target.encode(), host.encode(), port),
+                self._base_headers]
+        if headers:
+            head.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
+        if body is not None:
+            head.append(b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+            head.append(body)
+        else:
+            head.append(b"\r\n")
+        payload = b"".join(head)
+        if self._gate is None:
+            return await self._send(host, port, payload, timeout or self.timeout)
+        async with self._gate:
+            return await self._send(host, port, payload, timeout or self.timeout)
+
+    async def _send(self, host: str, port: int, payload: bytes, timeout: float) -> ClientResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        conn = await self._acquire(host, port, timeout)
+        waiter = conn.waiter = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter, timeout)
+        self._busy.add(conn)
+        try:
+            conn.transport.write(payload)
+            response = await waiter
+        except BaseException:  # timeout, broken connection or cancellation: the connection's state is unknown
+            conn.close()
+            raise
+        finally:
+            timer.cancel()
+            conn.waiter = None
+            self._busy.discard(conn)
+        if conn.transport is not None and not self.closed:
+            conn.last_used = time.monotonic()
+            conn.pool = self._idle.setdefault((host, port), [])
+            conn.pool.append(conn)
+        return response
+
+    async def _acquire(self, host: str, port: int, timeout: float) -> _ClientProtocol:
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()  # most recently used first: its peer is least likely to have timed it out
+            conn.pool = None
+            if conn.usable:
+                return conn
+            conn.close()
+        try:
+            _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(_ClientProtocol, host, port),
+                                             timeout)
+        except (OSError, TimeoutError) as e:
+            raise ConnectError(f"cannot connect to {host}:{port}: {e!r}") from e
+        return conn
+
+    async def close(self) -> None:
+        """Close every connection (requests in flight fail with :class:`ServerDisconnectedError`)."""
+        self.closed = True
+        for conn in [*self._busy, *(c for conns in self._idle.values() for c in conns)]:
+            conn.pool = None
+            conn.close()
+        self._idle.clear()
+
+
+def _expire(waiter: asyncio.Future, timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError(f"no reply within {timeout:g}s"))
+
+
+# ---- running a server process --------------------------------------------------------------------
+
+
+async def drain(tasks: Collection[asyncio.Task], grace: float, what: str) -> None:
+    """Wait up to ``grace`` seconds for ``tasks``, then cancel (and await) the rest: shutdown never hangs."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    if pending:
+        logger.warning("%d %s still running after %.1fs at shutdown; cancelled", len(pending), what, grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending)
+
+
+def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop when available, setting ``stop_event`` on SIGINT/SIGTERM."""
 
-    async def wrapper():
+    async def wrapper() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -23,20 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import orjson
 import yaml
-from aiohttp import web
 
 from env_adapters.http import (
     DEFAULT_MAX_BODY_MB,
+    SHUTDOWN_GRACE_S,
+    ClientError,
+    Handler,
+    HTTPClient,
     HTTPError,
+    HTTPServer,
+    Request,
+    Response,
     auth_headers,
     body_session_id,
+    drain,
     json_response,
-    make_app,
     read_json,
     run_until_signal,
-    serve,
 )
 from env_adapters.protocol import Index, SampleStatus
 from env_adapters.task import InvalidAction, Session, StepResult, Task, get_task_class
@@ -60,11 +65,23 @@ class _Slot:
 
 
 def _output(result: StepResult) -> dict[str, Any]:
-    return result.to_wire().model_dump(mode="json")
+    """The wire form of a step's result (``TaskOutput``), built directly: this runs on every interact."""
+    return {"messages": result.messages, "tools": result.tools, "status": result.status.value,
+            "finish": result.status.finished, "reward": float(result.reward), "metric": result.metrics}
 
 
 def _ended(status: SampleStatus) -> dict[str, Any]:
     return _output(StepResult(status=status))
+
+
+async def _settled(task: asyncio.Future) -> None:
+    """Wait until ``task`` is done; unlike ``await task``, never raise its exception or cancellation.
+
+    Same as ``asyncio.wait([task])`` without its per-call sets and waiter bookkeeping (this runs per interact).
+    """
+    done = asyncio.get_running_loop().create_future()
+    task.add_done_callback(lambda _: done.done() or done.set_result(None))
+    await done
 
 
 class Worker:
@@ -93,37 +110,37 @@ class Worker:
         self._slots: dict[int, _Slot] = {}
         self._indices: list[Index] = []
         self._index_set: set[Index] = set()
-        self._runner: web.AppRunner | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self._server: HTTPServer | None = None
+        self._http: HTTPClient | None = None
         self._heartbeat: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self._stopped = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = make_app(self.token, self.max_body_mb)
-        app.add_routes([
-            web.post("/api/start_sample", self._start_sample),
-            web.post("/api/interact", self._interact),
-            web.post("/api/cancel", self._cancel),
-            web.post("/api/cancel_with_notice", self._cancel_with_notice),
-            web.post("/api/cancel_all", self._cancel_all),
-            web.get("/api/get_indices", self._get_indices),
-            web.get("/api/get_sessions", self._get_sessions),
-            web.get("/api/worker_status", self._worker_status),
-            web.post("/api/sample_status", self._sample_status),
-        ])
-        return app
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        """The HTTP routes, by method and path."""
+        return {
+            ("POST", "/api/start_sample"): self._start_sample,
+            ("POST", "/api/interact"): self._interact,
+            ("POST", "/api/cancel"): self._cancel,
+            ("POST", "/api/cancel_with_notice"): self._cancel_with_notice,
+            ("POST", "/api/cancel_all"): self._cancel_all,
+            ("GET", "/api/get_indices"): self._get_indices,
+            ("GET", "/api/get_sessions"): self._get_sessions,
+            ("GET", "/api/worker_status"): self._worker_status,
+            ("POST", "/api/sample_status"): self._sample_status,
+        }
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, address: str | None = None) -> str:
         """Set the task up, serve, start heartbeating; return the worker's API address (``http://h:p/api``)."""
         await self.task.setup()
         self._indices = list(self.task.indices())
         self._index_set = set(self._indices)
-        self._runner, bound = await serve(self.app(), host, port)
+        self._server = HTTPServer(self.routes(), self.token, self.max_body_mb)
+        bound = await self._server.start(host, port)
         self.address = address or f"http://{host}:{bound}/api"
-        self._http = aiohttp.ClientSession(headers=auth_headers(self.token), timeout=aiohttp.ClientTimeout(total=10))
+        self._http = HTTPClient(headers=auth_headers(self.token), timeout=10)
         if self.controller_url:
             self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         logger.info("worker %r (%s, concurrency %d) serving at %s", self.name, type(self.task).__name__,
@@ -139,10 +156,9 @@ class Worker:
             self._heartbeat.cancel()
         # End sessions before closing the server: it waits for handlers, and those wait for their steps.
         await asyncio.gather(*(self._end(slot, SampleStatus.CANCELLED) for slot in list(self._slots.values())))
-        if self._runner:
-            await self._runner.cleanup()
-        if self._background:
-            await asyncio.wait(self._background, timeout=5)
+        if self._server:
+            await self._server.close()
+        await drain(list(self._background), SHUTDOWN_GRACE_S, "cancel notice(s)")
         if self._http:
             await self._http.close()
         await self.task.teardown()
@@ -154,10 +170,10 @@ class Worker:
             body = {"name": self.name, "address": self.address, "concurrency": self.concurrency,
                     "indices": self._indices, "instance": self.instance}
             try:
-                async with self._http.post(url, json=body) as resp:
-                    now_ok = resp.status == 200
-                    problem = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-            except (aiohttp.ClientError, TimeoutError) as e:
+                resp = await self._http.request("POST", url, orjson.dumps(body))
+                now_ok = resp.status == 200
+                problem = f"HTTP {resp.status}: {resp.body[:200].decode(errors='replace')}"
+            except (ClientError, TimeoutError) as e:
                 now_ok, problem = False, repr(e)
             if now_ok != ok:  # log transitions only, not every beat
                 if now_ok:
@@ -174,7 +190,7 @@ class Worker:
         """Run ``work`` (a reset or step) so that a cancel can interrupt it; map its outcome to a task output."""
         slot.step = asyncio.ensure_future(work)
         try:
-            await asyncio.wait([slot.step])  # unlike ``await``, does not raise when the step is cancelled
+            await _settled(slot.step)
         except asyncio.CancelledError:  # the worker is stopping
             slot.step.cancel()
             raise
@@ -202,7 +218,7 @@ class Worker:
         self._slots.pop(slot.id, None)
         if slot.step is not None and slot.step is not asyncio.current_task():
             slot.step.cancel()
-            await asyncio.wait([slot.step])
+            await _settled(slot.step)
         if slot.session is not None:
             try:
                 await slot.session.close()
@@ -217,8 +233,8 @@ class Worker:
 
     # ---- routes ---------------------------------------------------------------------------------
 
-    async def _start_sample(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+    async def _start_sample(self, request: Request) -> Response:
+        data = read_json(request)
         sid = body_session_id(data)
         index, custom_task = data.get("index", -1), data.get("custom_task")
         if self._stopped:
@@ -239,8 +255,8 @@ class Worker:
         out = await self._run(slot, open_and_reset())
         return json_response(out, headers={"session_id": str(sid)})
 
-    async def _interact(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+    async def _interact(self, request: Request) -> Response:
+        data = read_json(request)
         sid = body_session_id(data)
         messages = data.get("messages")
         slot = self._slot(sid)
@@ -251,11 +267,11 @@ class Worker:
         out = await self._run(slot, slot.session.step(messages[0]))
         return json_response({"session_id": sid, "env_out": out})
 
-    async def _cancel(self, request: web.Request) -> web.Response:
-        return json_response(await self._cancel_session(body_session_id(await read_json(request))))
+    async def _cancel(self, request: Request) -> Response:
+        return json_response(await self._cancel_session(body_session_id(read_json(request))))
 
-    async def _cancel_with_notice(self, request: web.Request) -> web.Response:
-        result = await self._cancel_session(body_session_id(await read_json(request)))
+    async def _cancel_with_notice(self, request: Request) -> Response:
+        result = await self._cancel_session(body_session_id(read_json(request)))
         if self.controller_url:
             self._notify_cancel(result["session_id"])
         return json_response(result)
@@ -269,33 +285,33 @@ class Worker:
     def _notify_cancel(self, sid: int) -> None:
         async def notice():
             try:
-                async with self._http.post(f"{self.controller_url}/api/cancel_notice", json={"session_id": sid}):
-                    pass
-            except (aiohttp.ClientError, TimeoutError) as e:
+                await self._http.request("POST", f"{self.controller_url}/api/cancel_notice",
+                                         orjson.dumps({"session_id": sid}))
+            except (ClientError, TimeoutError) as e:
                 logger.warning("cancel notice for session %d not delivered: %r", sid, e)
 
         task = asyncio.create_task(notice())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _cancel_all(self, request: web.Request) -> web.Response:
+    async def _cancel_all(self, request: Request) -> Response:
         slots = list(self._slots.values())
         await asyncio.gather(*(self._end(slot, SampleStatus.CANCELLED) for slot in slots))
         return json_response({"cancelled": [slot.id for slot in slots]})
 
-    async def _get_indices(self, request: web.Request) -> web.Response:
+    async def _get_indices(self, request: Request) -> Response:
         return json_response(self._indices)
 
-    async def _get_sessions(self, request: web.Request) -> web.Response:
+    async def _get_sessions(self, request: Request) -> Response:
         sessions = {str(sid): {"index": s.index, "busy": s.step is not None} for sid, s in self._slots.items()}
         return json_response(sessions)
 
-    async def _worker_status(self, request: web.Request) -> web.Response:
+    async def _worker_status(self, request: Request) -> Response:
         return json_response({"name": self.name, "concurrency": self.concurrency, "current": len(self._slots),
                               "instance": self.instance})
 
-    async def _sample_status(self, request: web.Request) -> web.Response:
-        sid = body_session_id(await read_json(request))
+    async def _sample_status(self, request: Request) -> Response:
+        sid = body_session_id(read_json(request))
         slot = self._slot(sid)
         return json_response({"session_id": sid, "status": slot.status.value, "busy": slot.step is not None,
                               "age_s": time.monotonic() - slot.created})

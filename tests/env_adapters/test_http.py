@@ -1,0 +1,181 @@
+"""The lean HTTP layer under the controller and workers: server errors, pipelining, limits, the pooled client,
+and shutdown that never hangs."""
+
+import asyncio
+import time
+
+import pytest
+
+from env_adapters.http import (
+    ConnectError,
+    HTTPClient,
+    HTTPError,
+    HTTPServer,
+    Request,
+    ServerDisconnectedError,
+    drain,
+    json_response,
+    read_json,
+)
+
+
+async def echo(request: Request):
+    return json_response({"method": request.method, "path": request.path, "query": request.query,
+                          "body": read_json(request) if request.body else None, "headers": request.headers},
+                         headers={"session_id": "7"})
+
+
+async def slow(request: Request):
+    await asyncio.sleep(float(request.query.get("s", "30")))
+    return json_response({"slept": True})
+
+
+async def refuse(request: Request):
+    raise HTTPError(409, "busy on purpose", headers={"Retry-After": "1"})
+
+
+async def broken(request: Request):
+    raise RuntimeError("bug on purpose")
+
+
+ROUTES = {("POST", "/api/echo"): echo, ("GET", "/api/echo"): echo, ("GET", "/api/slow"): slow,
+          ("POST", "/api/refuse"): refuse, ("GET", "/api/broken"): broken}
+
+
+@pytest.fixture
+async def server():
+    """``(server, base_url, client)`` on a free port; everything closed after the test."""
+    srv = HTTPServer(ROUTES, max_body_mb=0.01)
+    port = await srv.start("127.0.0.1", 0)
+    client = HTTPClient(timeout=5)
+    yield srv, f"http://127.0.0.1:{port}", client
+    await client.close()
+    await srv.close(grace=0.1)
+
+
+async def raw_exchange(url: str, payload: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(payload)
+    data = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+    writer.close()
+    return data
+
+
+async def test_round_trip_headers_query_and_keep_alive(server):
+    srv, url, client = server
+    for i in range(3):
+        r = await client.request("POST", f"{url}/api/echo?x={i}&y=a%20b", b'{"k": 1}', headers={"Session_Id": "3"})
+        assert r.status == 200 and r.headers["session_id"] == "7"
+        out = r.json()
+        assert out["query"] == {"x": str(i), "y": "a b"} and out["body"] == {"k": 1}
+        assert out["headers"]["session_id"] == "3"  # names arrive lower-case
+    assert len(srv._connections) == 1  # one keep-alive connection carried all three
+
+
+async def test_errors_are_json_detail(server):
+    _, url, client = server
+    cases = [("GET", "/api/nope", 404, "no route /api/nope"), ("DELETE", "/api/echo", 405, "not allowed"),
+             ("POST", "/api/refuse", 409, "busy on purpose"), ("GET", "/api/broken", 500, "bug on purpose")]
+    for method, path, status, text in cases:
+        r = await client.request(method, url + path)
+        assert r.status == status and text in r.json()["detail"]
+    r = await client.request("POST", f"{url}/api/refuse", b"{}")
+    assert r.headers["retry-after"] == "1"
+    for body, text in [(b"[1]", "must be a JSON object, got list"), (b"{nope", "not valid JSON")]:
+        r = await client.request("POST", f"{url}/api/echo", body)
+        assert r.status == 400 and text in r.json()["detail"]
+
+
+async def test_body_limit_malformed_request_and_pipelining(server):
+    _, url, client = server
+    r = await client.request("POST", f"{url}/api/echo", b'"' + b"x" * 20000 + b'"')
+    assert r.status == 413 and "too large" in r.json()["detail"]
+    reply = await raw_exchange(url, b"NOT HTTP AT ALL\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in reply
+    # Two requests in one write (pipelined), then a close: both answered, in order.
+    reply = await raw_exchange(url, b"GET /api/echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                                    b"GET /api/echo?n=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert reply.count(b"HTTP/1.1 200 OK") == 2 and reply.index(b'"n":"1"') < reply.index(b'"n":"2"')
+    # A chunked body is accepted like a sized one.
+    reply = await raw_exchange(url, b"POST /api/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                                    b"Connection: close\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n")
+    assert b'"body":{"a":1}' in reply
+
+
+async def test_token_required_when_set():
+    srv = HTTPServer(ROUTES, token="s3cret")
+    port = await srv.start("127.0.0.1", 0)
+    client = HTTPClient()
+    try:
+        assert (await client.request("GET", f"http://127.0.0.1:{port}/api/echo")).status == 401
+        authed = await client.request("GET", f"http://127.0.0.1:{port}/api/echo",
+                                      headers={"Authorization": "Bearer s3cret"})
+        assert authed.status == 200
+    finally:
+        await client.close()
+        await srv.close()
+
+
+async def test_client_failures_are_typed(server):
+    srv, url, client = server
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    free_port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()
+    with pytest.raises(ConnectError, match="cannot connect"):
+        await client.request("GET", f"http://127.0.0.1:{free_port}/api/echo")
+    with pytest.raises(TimeoutError):
+        await client.request("GET", f"{url}/api/slow?s=30", timeout=0.2)
+    assert (await client.request("GET", f"{url}/api/echo")).status == 200  # a fresh connection after the timeout
+
+    async def hang_up(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    rude = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    try:
+        with pytest.raises(ServerDisconnectedError):
+            await client.request("GET", f"http://127.0.0.1:{rude.sockets[0].getsockname()[1]}/x")
+    finally:
+        rude.close()
+        await rude.wait_closed()
+    with pytest.raises(ValueError, match="unsupported URL"):
+        await client.request("GET", "https://example.org/")
+
+
+async def test_close_waits_for_requests_in_flight_only_up_to_grace(server):
+    srv, url, client = server
+    quick = asyncio.create_task(client.request("GET", f"{url}/api/slow?s=0.1"))
+    stuck = asyncio.create_task(client.request("GET", f"{url}/api/slow?s=30"))
+    await asyncio.sleep(0.05)
+    t0 = time.monotonic()
+    await srv.close(grace=0.5)
+    assert time.monotonic() - t0 < 2
+    assert (await quick).json() == {"slept": True}  # finished within the grace period and answered
+    with pytest.raises(ServerDisconnectedError):
+        await stuck
+
+
+async def test_drain_cancels_what_outlives_grace():
+    fast = asyncio.create_task(asyncio.sleep(0.01))
+    stuck = asyncio.create_task(asyncio.sleep(30))
+    t0 = time.monotonic()
+    await drain([fast, stuck], 0.2, "test task(s)")
+    assert time.monotonic() - t0 < 2 and fast.done() and not fast.cancelled() and stuck.cancelled()
+
+
+async def test_connection_closed_by_server_while_idle_is_not_reused():
+    srv = HTTPServer(ROUTES)
+    port = await srv.start("127.0.0.1", 0)
+    client = HTTPClient(timeout=5)
+    try:
+        assert (await client.request("GET", f"http://127.0.0.1:{port}/api/echo")).status == 200
+        await srv.close()  # closes the client's idle keep-alive connection
+        srv = HTTPServer(ROUTES)
+        await srv.start("127.0.0.1", port)  # the same address again, as a restarted worker would be
+        await asyncio.sleep(0.05)
+        assert (await client.request("GET", f"http://127.0.0.1:{port}/api/echo")).status == 200
+    finally:
+        await client.close()
+        await srv.close()
