@@ -161,10 +161,9 @@ def task_normalize(
     tid = _group_ids(task)
     num_tasks = int(tid.max()) + 1 if len(tid) else 0
     if mode is TaskAdvNorm.TOKEN:
-        tokens = mask.reshape(-1) > 0
-        flat_task = tid.unsqueeze(1).expand_as(adv).reshape(-1)[tokens]
-        mean, std, _ = _masked_mean_std(adv.reshape(-1)[tokens], torch.ones_like(flat_task, dtype=torch.float64),
-                                        flat_task, num_tasks)
+        # Every loss token is one item of its task's statistics.
+        token_task = tid.unsqueeze(1).expand_as(adv).reshape(-1)
+        mean, std, _ = _masked_mean_std(adv.reshape(-1), mask.reshape(-1), token_task, num_tasks)
     else:
         n_tokens = mask.sum(dim=1)
         per_traj = adv.sum(dim=1) / n_tokens.clamp(min=1)

@@ -14,7 +14,14 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS: tuple[str, ...] = ()
+COMPONENTS: tuple[str, ...] = (
+    "agentrl_verl.platform_cpu",
+    "agentrl_verl.rollout",
+    "agentrl_verl.agent_loop",
+    "agentrl_verl.trainer",
+    "agentrl_verl.async_trainer",
+    "agentrl_verl.rollout.object_store_engine",  # cross-policy sampling: weight sync of standalone replicas on CPU
+)
 
 _registered = False
 

@@ -5,18 +5,44 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
+
 PROBE = r"""
 import json, sys
+{first_import}
 import verl
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-out = {"plugin_loaded": "agentrl_verl.plugin" in sys.modules}
-out["registered"] = sys.modules["agentrl_verl.plugin"]._registered if out["plugin_loaded"] else False
-print(json.dumps(out))
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+from verl.plugin.platform.platform_manager import PlatformRegistry
+from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout import base
+from verl.checkpoint_engine.base import CheckpointEngineRegistry
+plugin = sys.modules.get("agentrl_verl.plugin")
+print(json.dumps({
+    "registered": bool(plugin and plugin._registered),
+    "estimator": "task_norm_grpo" in ADV_ESTIMATOR_REGISTRY,
+    "agent_loop": "agentrl_agent" in _agent_loop_registry,
+    "platform": PlatformRegistry.get("cpu") is not None,
+    "trainer_modes": sorted(m for m in TRAINER_REGISTRY if m.startswith("agentrl")),
+    "rollout": "hf" in RolloutReplicaRegistry._registry and ("hf", "async") in base._ROLLOUT_REGISTRY,
+    "checkpoint_engines": sorted(CheckpointEngineRegistry._registry),
+}))
 """
 
+EXPECTED = {
+    "registered": True,
+    "estimator": True,
+    "agent_loop": True,
+    "platform": True,
+    "trainer_modes": ["agentrl_async", "agentrl_sync"],
+    "rollout": True,
+}
 
-def _probe() -> dict:
-    res = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+
+def _probe(first_import: str = "") -> dict:
+    code = PROBE.replace("{first_import}", first_import)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -26,6 +52,10 @@ def test_entry_point_is_declared():
     assert names.get("agentrl_verl") == "agentrl_verl.plugin"
 
 
-def test_import_verl_registers_plugin():
-    out = _probe()
-    assert out == {"plugin_loaded": True, "registered": True}
+@pytest.mark.parametrize("first_import", ["", "import agentrl_verl.async_trainer"])
+def test_import_verl_registers_every_component(first_import):
+    """Also when a component module is imported before verl (no circular half-import)."""
+    out = _probe(first_import)
+    engines = out.pop("checkpoint_engines")
+    assert out == EXPECTED
+    assert "ray_object_store" in engines, engines
