@@ -99,6 +99,7 @@ class ContainerPool:
         self._idle: dict[str, list[Container]] = defaultdict(list)
         self._live: set[str] = set()  # names of every container this pool started and has not removed
         self._refills: dict[str, asyncio.Task] = {}
+        self._creating: set[asyncio.Task] = set()  # container starts in flight (threads outlive cancellation)
         self._reaper: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -118,7 +119,7 @@ class ContainerPool:
         container = idle.pop() if idle else None
         self.warm(image)
         if container is None:
-            container = await asyncio.to_thread(self._create, image)
+            container = await self._create_async(image)
         return container
 
     async def release(self, container: Container) -> None:
@@ -133,6 +134,8 @@ class ContainerPool:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # A cancelled start still finishes in its thread: wait for it, so that the reap below sees its container.
+        await asyncio.gather(*self._creating, return_exceptions=True)
         self._idle.clear()
         await asyncio.to_thread(self.reap, True)
 
@@ -159,7 +162,7 @@ class ContainerPool:
         # One container at a time: starting many at once only slows the sessions that are waiting.
         while len(self._idle[image]) < self.size:
             try:
-                container = await asyncio.to_thread(self._create, image)
+                container = await self._create_async(image)
             except docker.errors.DockerException as e:
                 logger.warning("could not pre-start a container of %s: %s", image, e)
                 return
@@ -172,6 +175,13 @@ class ContainerPool:
                 await asyncio.to_thread(self.reap)
             except docker.errors.DockerException as e:
                 logger.warning("reaper run failed: %s", e)
+
+    async def _create_async(self, image: str) -> Container:
+        task = asyncio.ensure_future(asyncio.to_thread(self._create, image))
+        self._creating.add(task)
+        task.add_done_callback(self._creating.discard)
+        # Shielded: cancelling the caller must not orphan a start that :meth:`close` has to wait for.
+        return await asyncio.shield(task)
 
     def _create(self, image: str) -> Container:
         name = f"agentrl-{uuid.uuid4().hex[:16]}"
