@@ -17,6 +17,8 @@ build its own ``EnvStack`` instead.
 ``local_stack`` (function scope, in-process) runs a controller and workers inside the test's event loop,
 for fast tests of the controller and worker themselves; ``ProbeTask`` is a task whose behaviour each
 assistant message scripts.
+
+``docker_client`` (session scope) is a client of the local Docker daemon; tests asking for it skip without one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,19 @@ from env_adapters.launcher import EnvStack
 from env_adapters.protocol import SampleStatus
 from env_adapters.task import InvalidAction, Session, StepResult, Task, TaskError
 from env_adapters.worker import Worker
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A client of the local Docker daemon (the test skips where there is none); closed at the end."""
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker daemon: {e}")
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

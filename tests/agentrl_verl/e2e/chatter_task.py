@@ -7,6 +7,8 @@ Loaded by the env worker as ``chatter_task:ChatterTask`` (its folder on ``PYTHON
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from env_adapters.protocol import Index, Message, SampleStatus
@@ -16,13 +18,15 @@ TOOLS = [function_tool("say", "Say something", {"text": {"type": "string"}})]
 
 
 class ChatterSession(Session):
-    def __init__(self, index: Index, rounds: int) -> None:
-        self.index, self.rounds, self.seen, self.even = index, rounds, 0, 0
+    def __init__(self, index: Index, rounds: int, latency: Callable[[], float] | None = None) -> None:
+        self.index, self.rounds, self.latency, self.seen, self.even = index, rounds, latency, 0, 0
 
     async def reset(self) -> StepResult:
         return StepResult(messages=[{"role": "user", "content": f"Tell me about {self.index}."}], tools=TOOLS)
 
     async def step(self, message: Message) -> StepResult:
+        if self.latency is not None:
+            await asyncio.sleep(self.latency())
         self.seen += 1
         self.even += len(str(message.get("content") or "")) % 2 == 0
         if self.seen >= self.rounds:
@@ -31,6 +35,9 @@ class ChatterSession(Session):
 
 
 class ChatterTask(Task):
+    # Seconds of environment delay per step (None: none); set by latency_chatter_task.LatencyChatterTask.
+    latency: Callable[[], float] | None = None
+
     def __init__(self, rounds: int = 3, size: int = 64, **config: Any) -> None:
         super().__init__(**config)
         self.rounds, self.size = int(rounds), int(size)
@@ -39,4 +46,4 @@ class ChatterTask(Task):
         return list(range(self.size))
 
     async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> Session:
-        return ChatterSession(index, self.rounds)
+        return ChatterSession(index, self.rounds, self.latency)

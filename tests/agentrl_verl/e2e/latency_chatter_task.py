@@ -7,31 +7,15 @@ weight updates. Loaded by the env worker as ``latency_chatter_task:LatencyChatte
 
 from __future__ import annotations
 
-import asyncio
 import random
 from typing import Any
 
-from chatter_task import ChatterSession, ChatterTask
+from chatter_task import ChatterTask
 
-from env_adapters.protocol import Index, Message
-from env_adapters.task import Session, StepResult
 from env_adapters.tasks.calculator import step_latency_sampler
-
-
-class LatencyChatterSession(ChatterSession):
-    def __init__(self, index: Index, rounds: int, latency) -> None:
-        super().__init__(index, rounds)
-        self.latency = latency
-
-    async def step(self, message: Message) -> StepResult:
-        await asyncio.sleep(self.latency())
-        return await super().step(message)
 
 
 class LatencyChatterTask(ChatterTask):
     def __init__(self, step_latency: dict[str, Any] | None = None, seed: int = 0, **config: Any) -> None:
         super().__init__(**config)
         self.latency = step_latency_sampler(step_latency, random.Random(seed))
-
-    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> Session:
-        return LatencyChatterSession(index, self.rounds, self.latency)

@@ -7,46 +7,26 @@ training step; the ``agentrl_agent`` loop plays it and ``task_norm_grpo`` trains
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 
 from agentrl_verl.cli import main as agentrl_verl_cli
 from agentrl_verl.models.tiny import build_tiny_model
-from env_adapters.launcher import EnvStack
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 STEPS = 4
 MAX_STALENESS = 1
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# The CPU spine's runner of main_ppo with the cpu_tiny preset (its own Ray cluster, console metrics parsed).
-run_main_ppo = _load("test_main_ppo_cpu").run_main_ppo
-
-
 @pytest.fixture(scope="module")
-def stack():
+def stack(start_stack):
     workers = [{"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", "concurrency": 16,
                 "options": {"rounds": 4, "size": 16, "step_latency": {"dist": "fixed", "s": 0.4}}}]
-    with pytest.MonkeyPatch.context() as mp:
-        # The worker subprocesses import the task from this folder.
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-        with EnvStack({"controller": {"port": 0}, "workers": workers}) as env:
-            yield env
+    with start_stack(workers) as env:
+        yield env
 
 
-def test_async_episodes_span_weight_versions_within_the_staleness_bound(stack, tmp_path):
+def test_async_episodes_span_weight_versions_within_the_staleness_bound(stack, tmp_path, run_main_ppo):
     assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "32",
                              "--val-fraction", "0.25", "--seed", "0"]) == 0
     _, steps = run_main_ppo(

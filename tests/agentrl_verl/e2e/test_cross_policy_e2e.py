@@ -7,41 +7,26 @@ own Ray cluster; per-step metrics come from verl's ``file`` logger (JSON lines).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from agentrl_verl.config import CONFIG_DIR
 from agentrl_verl.cross_policy import stale_version
 from agentrl_verl.data import make_row
 from agentrl_verl.models.tiny import build_tiny_model
-from env_adapters.launcher import EnvStack
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 RUN_TIMEOUT_S = 540
 TASK = "chatter"
 K = 2
 
 
 @pytest.fixture(scope="module")
-def env_url():
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), old]))  # workers import chatter_task
-    try:
-        workers = [{"task": "chatter_task:ChatterTask", "name": TASK, "concurrency": 64, "options": {"rounds": 3}}]
-        with EnvStack({"controller": {"port": 0}, "workers": workers}) as stack:
-            yield stack.url
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+def env_url(start_stack):
+    with start_stack([{"task": "chatter_task:ChatterTask", "name": TASK, "concurrency": 64,
+                       "options": {"rounds": 3}}]) as stack:
+        yield stack.url
 
 
 @pytest.fixture(scope="module")
@@ -54,37 +39,24 @@ def workdir(tmp_path_factory) -> Path:
     return root
 
 
-def run(workdir: Path, env_url: str, name: str, *overrides: str) -> list[dict]:
-    """Run main_ppo (agentrl_sync trainer, agentrl_agent loop); return the logged metrics of each step."""
-    ray_dir = Path("/tmp") / f"cp{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
-    metrics_file = workdir / f"{name}.jsonl"
-    cmd = [
-        sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
-        f"actor_rollout_ref.model.path={build_tiny_model()}",
-        f"data.train_files={workdir / 'train.parquet'}", f"data.val_files={workdir / 'val.parquet'}",
-        "data.max_prompt_length=96", "data.max_response_length=96", "data.seed=0",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_agent",
-        "actor_rollout_ref.actor.optim.lr=5e-3",
-        "trainer.v1.trainer_mode=agentrl_sync", "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={workdir / 'ckpt'}",
-        f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-        f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=3", "+agentrl.agent.max_new_tokens=8",
-        *overrides,
-    ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "VERL_FILE_LOGGER_PATH": str(metrics_file)}
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"main_ppo ({name}) timed out after {RUN_TIMEOUT_S}s; tail:\n{log[-4000:]}")
-    finally:
-        subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
-    (workdir / f"{name}.log").write_text(log)
-    assert proc.returncode == 0, f"main_ppo ({name}) failed with {proc.returncode}; tail:\n{log[-6000:]}"
-    return [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
+@pytest.fixture(scope="module")
+def run(main_ppo):
+    def run(workdir: Path, env_url: str, name: str, *overrides: str) -> list[dict]:
+        """Run main_ppo (agentrl_sync trainer, agentrl_agent loop); return the logged metrics of each step."""
+        metrics_file = workdir / f"{name}.jsonl"
+        main_ppo(
+            workdir, build_tiny_model(), name,
+            "data.max_prompt_length=96", "data.max_response_length=96", "data.seed=0",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_agent",
+            "actor_rollout_ref.actor.optim.lr=5e-3",
+            "trainer.v1.trainer_mode=agentrl_sync", "trainer.logger=[console,file]",
+            f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=3", "+agentrl.agent.max_new_tokens=8",
+            *overrides,
+            timeout_s=RUN_TIMEOUT_S, env={"VERL_FILE_LOGGER_PATH": str(metrics_file)},
+        )
+        return [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
+
+    return run
 
 
 CROSS_POLICY = (
@@ -95,7 +67,7 @@ CROSS_POLICY = (
 )
 
 
-def test_half_stale_mixes_pools_and_stale_weights_lag_at_most_k(workdir, env_url):
+def test_half_stale_mixes_pools_and_stale_weights_lag_at_most_k(workdir, env_url, run):
     steps = run(workdir, env_url, "ratio_half", *CROSS_POLICY, "+agentrl.cross_policy.stale_ratio=0.5",
                 "trainer.total_training_steps=4")
     assert len(steps) == 4
@@ -122,7 +94,7 @@ def test_half_stale_mixes_pools_and_stale_weights_lag_at_most_k(workdir, env_url
             assert m["training/rollout_probs_diff_max"] > 2e-4, step
 
 
-def test_ratio_zero_is_the_run_without_the_feature(workdir, env_url):
+def test_ratio_zero_is_the_run_without_the_feature(workdir, env_url, run):
     # top_k=1 makes every generated token the argmax, a function of the weights alone (no sampling stream shared
     # by concurrently scheduled episodes), while log-probs stay those of temperature 1 as the actor recomputes
     # them. The samples of a group are then identical, so a batch-level baseline (REINFORCE++) keeps advantages

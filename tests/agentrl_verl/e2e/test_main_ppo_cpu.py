@@ -6,40 +6,20 @@ cluster in a private temp dir, stopped when the driver exits) and reads the per-
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from agentrl_verl.config import CONFIG_DIR
 from agentrl_verl.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
-ARITH = Path(__file__).with_name("arith_data.py")
-RUN_TIMEOUT_S = 420
-# Larger than the preset's so that two steps move the actor visibly away from a frozen rollout.
-LR = "5e-3"
-
-
-def _load_arith():
-    spec = importlib.util.spec_from_file_location("arith_data", ARITH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, arith_data) -> Path:
     root = tmp_path_factory.mktemp("cpu_e2e")
-    arith = _load_arith()
-    arith.make_parquet(root / "train.parquet", num_rows=16, seed=0)
-    arith.make_parquet(root / "val.parquet", num_rows=4, seed=1)
+    arith_data.make_parquet(root / "train.parquet", num_rows=16, seed=0)
+    arith_data.make_parquet(root / "val.parquet", num_rows=4, seed=1)
     return root
 
 
@@ -48,63 +28,12 @@ def model_path(tmp_path_factory) -> Path:
     return build_tiny_model()
 
 
-def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """``{step: {metric: value}}`` from the console logger's ``step:N - key:value - ...`` lines."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = re.search(r"step:(\d+) - (.*)$", line)
-        if not match:
-            continue
-        metrics = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.rpartition(":")
-            value = value.strip()
-            wrapped = re.fullmatch(r"np\.\w+\((.*)\)", value)  # numpy scalars print as np.float64(2.0)
-            try:
-                metrics[key] = float(wrapped.group(1) if wrapped else value)
-            except ValueError:
-                continue
-        steps[int(match.group(1))] = metrics
-    return steps
-
-
 def trained_steps(steps: dict[int, dict[str, float]]) -> list[int]:
     """Steps that updated the actor (validation-only lines, e.g. step 0, have no actor metrics)."""
     return sorted(step for step, metrics in steps.items() if "actor/grad_norm" in metrics)
 
 
-def run_main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str) -> tuple[str, dict[int, dict]]:
-    """Run main_ppo with the cpu_tiny preset; return its log and per-step metrics (fails on a non-zero exit)."""
-    ray_dir = Path("/tmp") / f"h4ray_{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
-    cmd = [
-        sys.executable, "-m", "verl.trainer.main_ppo",
-        "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
-        f"actor_rollout_ref.model.path={model_path}",
-        f"data.train_files={workdir / 'train.parquet'}",
-        f"data.val_files={workdir / 'val.parquet'}",
-        f"reward.custom_reward_function.path={ARITH}",
-        f"actor_rollout_ref.actor.optim.lr={LR}",
-        f"trainer.default_local_dir={workdir / 'ckpt'}",
-        f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-        *overrides,
-    ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"main_ppo ({name}) timed out after {RUN_TIMEOUT_S}s; tail:\n{log[-4000:]}")
-    finally:
-        subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
-    (workdir / f"{name}.log").write_text(log)
-    assert proc.returncode == 0, f"main_ppo ({name}) failed with {proc.returncode}; tail:\n{log[-6000:]}"
-    return log, parse_step_metrics(log)
-
-
-def test_grpo_trains_validates_and_checkpoints_with_rollout_following_actor(workdir, model_path):
+def test_grpo_trains_validates_and_checkpoints_with_rollout_following_actor(workdir, model_path, run_main_ppo):
     _, steps = run_main_ppo(
         workdir, model_path, "grpo",
         "trainer.total_training_steps=2", "trainer.val_before_train=true", "trainer.test_freq=2",
@@ -133,7 +62,7 @@ def test_grpo_trains_validates_and_checkpoints_with_rollout_following_actor(work
     assert steps[3]["training/rollout_probs_diff_max"] < 1e-3
 
 
-def test_rollout_diverges_from_actor_without_weight_sync(workdir, model_path):
+def test_rollout_diverges_from_actor_without_weight_sync(workdir, model_path, run_main_ppo):
     _, steps = run_main_ppo(
         workdir, model_path, "nosync",
         "trainer.total_training_steps=2", "actor_rollout_ref.rollout.engine_kwargs.hf.sync_weights=false",
@@ -148,7 +77,7 @@ def test_rollout_diverges_from_actor_without_weight_sync(workdir, model_path):
     assert steps[2]["training/off_policy/trajectory_staleness/max"] >= 1
 
 
-def test_ppo_with_critic_and_reference_policy(workdir, model_path):
+def test_ppo_with_critic_and_reference_policy(workdir, model_path, run_main_ppo):
     _, steps = run_main_ppo(
         workdir, model_path, "ppo",
         "trainer.total_training_steps=1", "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",

@@ -18,29 +18,13 @@ from env_adapters.sandbox.containers import (  # noqa: E402
     owner_alive,
     this_owner,
 )
-from env_adapters.sandbox.images import ensure_image  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 
-@pytest.fixture(scope="module")
-def client():
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    return client
-
-
-@pytest.fixture(scope="module")
-def image(client):
-    return ensure_image(client, "os-default")
-
-
 @pytest.fixture
-async def pool(client):
-    pool = ContainerPool(client, limits=Limits(memory="256m", cpus=0.5, pids=64), size=1, reap_interval=0)
+async def pool(docker_client):
+    pool = ContainerPool(docker_client, limits=Limits(memory="256m", cpus=0.5, pids=64), size=1, reap_interval=0)
     yield pool
     await pool.close()
 
@@ -63,8 +47,8 @@ def test_owner_labels_name_a_live_process():
     assert owner_alive("some-other-host:1:1") is None
 
 
-async def test_containers_are_isolated_and_labelled(pool, image):
-    container = await pool.acquire(image)
+async def test_containers_are_isolated_and_labelled(pool, os_image):
+    container = await pool.acquire(os_image)
     host = container.attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["Memory"] == 256 * 2**20 and host["MemorySwap"] == 256 * 2**20
@@ -78,21 +62,22 @@ async def test_containers_are_isolated_and_labelled(pool, image):
     assert not _exists(pool.client, container.name)
 
 
-async def test_pool_hands_out_prestarted_containers_and_refills(pool, image):
-    pool.warm(image)
+async def test_pool_hands_out_prestarted_containers_and_refills(pool, os_image):
+    pool.warm(os_image)
     for _ in range(100):
-        if pool._idle[image]:
+        if pool._idle[os_image]:
             break
         await asyncio.sleep(0.05)
-    idle = pool._idle[image][0]
-    container = await pool.acquire(image)
+    idle = pool._idle[os_image][0]
+    container = await pool.acquire(os_image)
     assert container.id == idle.id
-    await pool._refills[image]
-    assert len(pool._idle[image]) == 1 and pool._idle[image][0].id != container.id
+    await pool._refills[os_image]
+    assert len(pool._idle[os_image]) == 1 and pool._idle[os_image][0].id != container.id
     await pool.release(container)
 
 
-async def test_reaper_removes_orphans_and_spares_the_living(pool, client, image):
+async def test_reaper_removes_orphans_and_spares_the_living(pool, docker_client, os_image):
+    client, image = docker_client, os_image
     proc = subprocess.Popen(["true"])
     proc.wait()
     host = socket.gethostname()

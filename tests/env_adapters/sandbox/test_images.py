@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-docker = pytest.importorskip("docker")
+pytest.importorskip("docker")
 
 from env_adapters.sandbox import images  # noqa: E402
 
@@ -31,17 +31,11 @@ def test_unknown_images_are_named_in_the_error():
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_build_images_skips_images_that_exist(monkeypatch):
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    images.ensure_image(client, "os-default")  # built once by scripts/setup.sh; here only if missing
+def test_build_images_skips_images_that_exist(monkeypatch, docker_client, os_image):
 
     def no_build(client, spec):
         raise AssertionError(f"{spec.name} exists and must not be rebuilt")
 
     monkeypatch.setattr(images, "build_image", no_build)
     assert images.run(argparse.Namespace(images=[], all=False, list=False)) == 0
-    assert images.image_exists(client, images.IMAGES["os-default"])
+    assert images.image_exists(docker_client, images.IMAGES["os-default"])

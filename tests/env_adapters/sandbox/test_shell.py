@@ -6,24 +6,18 @@ import time
 
 import pytest
 
-docker = pytest.importorskip("docker")
+pytest.importorskip("docker")
 
 from env_adapters.sandbox.containers import ContainerPool  # noqa: E402
-from env_adapters.sandbox.images import ensure_image  # noqa: E402
 from env_adapters.sandbox.shell import PersistentShell  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 
 @pytest.fixture(scope="module")
-def container():
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    pool = ContainerPool(client, size=0, reap_interval=0)
-    container = pool._create(ensure_image(client, "os-default"))
+def container(docker_client, os_image):
+    pool = ContainerPool(docker_client, size=0, reap_interval=0)
+    container = pool._create(os_image)
     yield container
     pool._remove(container.name)
 

@@ -15,7 +15,7 @@ from importlib import resources
 
 import pytest
 
-docker = pytest.importorskip("docker")
+pytest.importorskip("docker")
 
 from env_adapters.client import EnvClient  # noqa: E402
 from env_adapters.launcher import EnvStack  # noqa: E402
@@ -34,16 +34,6 @@ KNOWN_DATA_DEFECTS = {
     683: "the example removes duplicate lines, so re-running it for the check prints a smaller count",
 }
 TRAIN_SAMPLE = sorted(random.Random(0).sample(sorted(set(range(1000)) - set(KNOWN_DATA_DEFECTS)), 40))
-
-
-@pytest.fixture(scope="module")
-def docker_client():
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    return client
 
 
 @pytest.fixture(scope="module")

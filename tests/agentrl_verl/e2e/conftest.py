@@ -1,0 +1,131 @@
+"""Harness of the CPU end-to-end tests: verl's real ``main_ppo`` in a subprocess, and environment stacks that
+serve this folder's test tasks.
+
+Test files cannot import each other (pytest's importlib mode), so the harness is handed out as fixtures:
+
+- ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None) -> log``: one run of
+  ``python -m verl.trainer.main_ppo`` with the ``cpu_tiny`` preset in its own session and Ray cluster (private
+  temp dir), killed on timeout; the log is written to ``workdir/NAME.log`` and a non-zero exit fails the test.
+- ``run_main_ppo(workdir, model_path, name, *overrides) -> (log, {step: metrics})``: ``main_ppo`` with the
+  ``arith_data`` reward and a larger learning rate, metrics parsed from the console logger.
+- ``start_stack(workers)``: a context manager running an :class:`EnvStack` whose workers can import the test tasks
+  of this folder (``chatter_task:ChatterTask``, ``latency_chatter_task:LatencyChatterTask``).
+- ``arith_data``: the ``arith_data`` module (dataset writer and reward function).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agentrl_verl.config import CONFIG_DIR
+from env_adapters.launcher import EnvStack
+
+HERE = Path(__file__).parent
+ARITH = HERE / "arith_data.py"
+RUN_TIMEOUT_S = 420
+# Larger than the preset's so that two steps move the actor visibly away from a frozen rollout.
+LR = "5e-3"
+
+
+def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
+    """``{step: {metric: value}}`` from the console logger's ``step:N - key:value - ...`` lines; numpy reprs
+    such as ``np.int32(2)`` are unwrapped, non-numeric values skipped."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        match = re.search(r"step:(\d+) - (.*)$", line)
+        if not match:
+            continue
+        metrics = {}
+        for item in match.group(2).split(" - "):
+            key, _, value = item.rpartition(":")
+            value = value.strip()
+            wrapped = re.fullmatch(r"np\.\w+\((.*)\)", value)
+            try:
+                metrics[key] = float(wrapped.group(1) if wrapped else value)
+            except ValueError:
+                continue
+        steps[int(match.group(1))] = metrics
+    return steps
+
+
+def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeout_s: float = RUN_TIMEOUT_S,
+             env: Mapping[str, str] | None = None) -> str:
+    """Run main_ppo with the cpu_tiny preset on ``workdir``'s train/val parquet files; return its log."""
+    ray_dir = Path("/tmp") / f"e2eray{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
+    cmd = [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
+        f"actor_rollout_ref.model.path={model_path}",
+        f"data.train_files={workdir / 'train.parquet'}",
+        f"data.val_files={workdir / 'val.parquet'}",
+        f"trainer.default_local_dir={workdir / 'ckpt'}",
+        f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        *overrides,
+    ]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole session: the driver's Ray cluster too
+        log, _ = proc.communicate()
+        pytest.fail(f"main_ppo ({name}) timed out after {timeout_s}s; tail:\n{log[-4000:]}")
+    finally:
+        subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
+    (workdir / f"{name}.log").write_text(log)
+    assert proc.returncode == 0, f"main_ppo ({name}) failed with {proc.returncode}; tail:\n{log[-6000:]}"
+    return log
+
+
+def run_main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str) -> tuple[str, dict[int, dict]]:
+    """:func:`main_ppo` with the arith reward and :data:`LR`; return its log and per-step console metrics."""
+    log = main_ppo(workdir, model_path, name, f"reward.custom_reward_function.path={ARITH}",
+                   f"actor_rollout_ref.actor.optim.lr={LR}", *overrides)
+    return log, parse_step_metrics(log)
+
+
+@contextlib.contextmanager
+def start_stack(workers: list[dict[str, Any]]) -> Iterator[EnvStack]:
+    """An environment stack (controller on a free port) of ``workers``, which may name this folder's tasks."""
+    with pytest.MonkeyPatch.context() as mp:
+        # The worker subprocesses import the test tasks from this folder.
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+        with EnvStack({"controller": {"port": 0}, "workers": workers}) as stack:
+            yield stack
+
+
+@pytest.fixture(name="main_ppo", scope="session")
+def _main_ppo() -> Callable[..., str]:
+    return main_ppo
+
+
+@pytest.fixture(name="run_main_ppo", scope="session")
+def _run_main_ppo() -> Callable[..., tuple[str, dict[int, dict]]]:
+    return run_main_ppo
+
+
+@pytest.fixture(name="start_stack", scope="session")
+def _start_stack() -> Callable[[list[dict[str, Any]]], contextlib.AbstractContextManager[EnvStack]]:
+    return start_stack
+
+
+@pytest.fixture(scope="session")
+def arith_data() -> ModuleType:
+    # Loaded by path, as verl's reward workers load it (this folder is no package).
+    spec = importlib.util.spec_from_file_location("arith_data", ARITH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
