@@ -43,6 +43,7 @@ def dispatch(commands: dict[str, tuple[str, str]], prog: str, description: str, 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,  # importing a command module may already have configured logging (verl does)
     )
     return int(importlib.import_module(args._module).run(args) or 0)
 

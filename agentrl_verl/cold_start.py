@@ -1,0 +1,425 @@
+"""Cold start for models that cannot yet call tools: demonstrations, a supervised warm-up, and evaluation.
+
+A randomly initialised model never emits a well-formed ``<tool_call>`` block, so RL alone gets no reward
+signal. As AgentRL does for such models, a short supervised warm-up on generated demonstrations comes
+first. Everything here is plain torch + transformers (the warm-up is an equivalent of verl's SFT trainer,
+kept in-process so that it can stop early on held-out success):
+
+1. :func:`generate_demonstrations` runs a task's real sessions in-process with a scripted expert
+   (:data:`EXPERTS`) and keeps the episodes it solved.
+2. :func:`tokenize_episode` renders an episode with the model's chat template and masks every token
+   except the assistant's own (its content, tool calls and closing ``<|im_end|>``).
+3. :func:`supervised_warmup` trains on them with AdamW and evaluates greedy held-out success every few
+   steps, stopping inside a success window so that RL has room left to show.
+4. :func:`evaluate` plays whole episodes against an environment (the real env stack through
+   :class:`EpisodeEnv`) with batched generation, greedy or sampled, and returns per-episode records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from env_adapters.protocol import Index, Message, SampleStatus, ToolSchema
+from env_adapters.task import Task, get_task_class
+
+logger = logging.getLogger(__name__)
+
+Expert = Callable[[Task, Index, list[Message]], Message]
+"""A scripted policy: ``(task, index, messages so far) -> the next assistant message``."""
+
+
+def _assistant_call(name: str, arguments: dict[str, Any], call_id: str = "call_0") -> Message:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        ],
+    }
+
+
+def calc_expert(task: Task, index: Index, messages: list[Message]) -> Message:
+    """Solve the ``calc`` task: call ``calculate`` on the problem, then ``submit`` the tool's result."""
+    from env_adapters.tasks.calculator import Problem
+
+    tool_replies = [m for m in messages if m["role"] == "tool"]
+    if not tool_replies:
+        problem, _ = Problem.from_index(task.seed, int(index))
+        return _assistant_call("calculate", {"expression": f"{problem.a}{problem.op}{problem.b}"})
+    return _assistant_call("submit", {"answer": tool_replies[-1]["content"].strip()})
+
+
+EXPERTS: dict[str, Expert] = {"calc": calc_expert}
+"""Scripted experts per task family (only families a tiny model can learn need one)."""
+
+
+# ---- demonstrations ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Episode:
+    """A finished episode: the full conversation, the tools offered, and the outcome."""
+
+    task: str
+    index: Index
+    messages: list[Message]
+    tools: list[ToolSchema]
+    reward: float
+    status: str
+
+    @property
+    def success(self) -> bool:
+        return self.status == SampleStatus.COMPLETED.value and self.reward >= 1.0
+
+
+async def _demonstrate(task: Task, family: str, index: Index, expert: Expert, max_turns: int) -> Episode:
+    session = await task.start_session(index)
+    try:
+        result = await session.reset()
+        messages, tools = list(result.messages), list(result.tools or [])
+        for _ in range(max_turns):
+            if result.status.finished:
+                break
+            action = expert(task, index, messages)
+            messages.append(action)
+            result = await session.step(action)
+            messages.extend(result.messages)
+        return Episode(family, index, messages, tools, result.reward, result.status.value)
+    finally:
+        await session.close()
+
+
+def generate_demonstrations(family: str, indices: Sequence[Index], task_options: dict[str, Any] | None = None,
+                            expert: Expert | None = None, max_turns: int = 8) -> list[Episode]:
+    """Run ``family``'s real sessions in-process with a scripted expert and keep the solved episodes.
+
+    Args:
+        family: Registered task family (e.g. ``calc``).
+        indices: Sample indices to demonstrate (training indices only, never held-out ones).
+        task_options: Keyword options of the task (the same as the worker's, so problems match).
+        expert: Scripted policy; defaults to ``EXPERTS[family]``.
+        max_turns: Safety bound on the expert's turns per episode.
+
+    Returns:
+        The episodes the expert solved (a failed one is logged: it means the expert or the task is wrong).
+    """
+    if expert is None:
+        if family not in EXPERTS:
+            raise KeyError(f"no scripted expert for task family {family!r}; known: {sorted(EXPERTS)}")
+        expert = EXPERTS[family]
+
+    async def run_all() -> list[Episode]:
+        task = get_task_class(family)(**(task_options or {}))
+        await task.setup()
+        try:
+            return [await _demonstrate(task, family, i, expert, max_turns) for i in indices]
+        finally:
+            await task.teardown()
+
+    episodes = asyncio.run(run_all())
+    solved = [e for e in episodes if e.success]
+    if len(solved) < len(episodes):
+        logger.warning("expert for %s failed %d of %d episodes (dropped)", family, len(episodes) - len(solved),
+                       len(episodes))
+    return solved
+
+
+def tokenize_episode(tokenizer, messages: list[Message], tools: list[ToolSchema] | None) -> tuple[list[int], list[int]]:
+    """Token ids of a rendered conversation and a loss mask that is 1 exactly on the assistant's tokens.
+
+    Each assistant turn contributes what the model generates after ``<|im_start|>assistant\\n``: its
+    content, tool calls and the closing ``<|im_end|>`` (the eos the model must learn to stop with). The
+    newline after it and everything else (system, user, tool replies, role headers) is context (mask 0).
+    The pieces are tokenized separately and concatenated; the result equals the tokenization of the whole
+    rendered text (tested), so the warm-up sees the same ids as generation does.
+    """
+    eos = tokenizer.eos_token
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+
+    def add(text: str, trained: int) -> None:
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        ids.extend(piece)
+        mask.extend([trained] * len(piece))
+
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:i], tools, add_generation_prompt=True)
+        full = _render(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        if not (prompt.startswith(rendered) and full.startswith(prompt)):
+            raise ValueError(f"the chat template is not append-only at message {i}; cannot mask assistant turns")
+        reply = full[len(prompt):]
+        end = reply.index(eos) + len(eos)
+        add(prompt[len(rendered):], 0)
+        add(reply[:end], 1)
+        rendered = prompt + reply[:end]
+    full = _render(tokenizer, messages, tools, add_generation_prompt=False)
+    if len(full) > len(rendered):
+        add(full[len(rendered):], 0)
+    return ids, mask
+
+
+def _render(tokenizer, messages: list[Message], tools: list[ToolSchema] | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------
+
+
+class EpisodeEnv(Protocol):
+    """What :func:`evaluate` needs from an environment (the env stack's client satisfies it via an adapter)."""
+
+    async def start(self, task: str, index: Index) -> tuple[Any, list[Message], list[ToolSchema], str, float]:
+        """Open a session; returns ``(handle, opening messages, tools, status, reward)`` (status ``running``
+        unless the session ended at once, e.g. ``task error``)."""
+
+    async def step(self, handle: Any, message: Message) -> tuple[list[Message], str, float]:
+        """Send one assistant message; returns ``(new env messages, status, reward)``."""
+
+    async def cancel(self, handle: Any) -> None:
+        """Abandon an unfinished session."""
+
+
+@dataclass
+class EvalResult:
+    """Outcome of :func:`evaluate` on one task."""
+
+    task: str
+    mode: str
+    episodes: list[Episode]
+
+    @property
+    def success_rate(self) -> float:
+        return sum(e.success for e in self.episodes) / max(len(self.episodes), 1)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(e.reward for e in self.episodes) / max(len(self.episodes), 1)
+
+
+def parse_assistant(text: str, eos: str) -> Message:
+    """Turn generated text into an OpenAI assistant message (hermes ``<tool_call>`` blocks, as verl parses them).
+
+    A block whose JSON is malformed is kept as plain content, so the environment sees an action without a
+    valid tool call and answers with its own status (e.g. ``agent invalid action``).
+    """
+    import re
+
+    text = text.split(eos, 1)[0]
+    calls = []
+    for i, block in enumerate(re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.DOTALL)):
+        try:
+            call = json.loads(block)
+            name, arguments = call["name"], call["arguments"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        calls.append({"id": f"call_{i}", "type": "function",
+                      "function": {"name": str(name), "arguments": json.dumps(arguments)}})
+    content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.DOTALL).strip() if calls else text.strip()
+    message: Message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+async def evaluate(model, tokenizer, env: EpisodeEnv, task: str, indices: Sequence[Index], *, greedy: bool = True,
+                   temperature: float = 1.0, max_turns: int = 8, max_new_tokens: int = 64,
+                   max_context: int = 1024, batch_size: int = 64) -> EvalResult:
+    """Play one episode per index with ``model`` and return the episodes.
+
+    Episodes are played ``batch_size`` at a time, in lockstep: every turn, the prompts of all running episodes are
+    rendered with the chat template (as an OpenAI-compatible server would) and generated as one left-padded batch.
+
+    Args:
+        model: A causal LM (``transformers``), put in eval mode here.
+        tokenizer: Its tokenizer (eos must be the turn terminator, ``<|im_end|>`` for ChatML).
+        env: The environment to play against.
+        task: Task name known to ``env``.
+        indices: Held-out sample indices.
+        greedy: Greedy decoding, else sampling at ``temperature``.
+        max_turns: Turns before an episode is cut (status ``task limit reached``).
+        max_new_tokens: Tokens per turn.
+        max_context: An episode whose prompt grows past this ends with ``agent context limit``.
+        batch_size: Episodes played at once: sessions open at the same time (keep it within the task's
+            concurrency) and the generation batch.
+    """
+    model.eval()
+    episodes: list[Episode] = []
+    for start in range(0, len(indices), batch_size):
+        episodes += await _play(model, tokenizer, env, task, indices[start:start + batch_size], greedy, temperature,
+                                max_turns, max_new_tokens, max_context)
+    return EvalResult(task, "greedy" if greedy else f"sampled(t={temperature})", episodes)
+
+
+async def _play(model, tokenizer, env: EpisodeEnv, task: str, indices: Sequence[Index], greedy: bool,
+                temperature: float, max_turns: int, max_new_tokens: int, max_context: int) -> list[Episode]:
+    """One lockstep batch of episodes (see :func:`evaluate`); sessions left open are cancelled, also on errors."""
+    import torch
+
+    running = SampleStatus.RUNNING.value
+    states = []
+    try:
+        for index in indices:
+            handle, messages, tools, status, reward = await env.start(task, index)
+            states.append({"index": index, "handle": handle, "messages": list(messages), "tools": tools,
+                           "status": status, "reward": reward, "open": status == running})
+        for _ in range(max_turns):
+            active = []
+            for s in states:
+                if s["status"] != running:
+                    continue
+                prompt = tokenizer.encode(_render(tokenizer, s["messages"], s["tools"], True), add_special_tokens=False)
+                if len(prompt) + max_new_tokens > max_context:
+                    s["status"] = SampleStatus.AGENT_CONTEXT_LIMIT.value
+                else:
+                    active.append((s, prompt))
+            if not active:
+                break
+            with torch.no_grad():
+                texts = _generate(model, tokenizer, [p for _, p in active], greedy, temperature, max_new_tokens)
+            for (s, _), text in zip(active, texts, strict=True):
+                action = parse_assistant(text, tokenizer.eos_token)
+                s["messages"].append(action)
+                new, s["status"], s["reward"] = await env.step(s["handle"], action)
+                s["messages"].extend(new)
+                s["open"] = s["status"] == running
+        for s in states:
+            if s["status"] == running:
+                s["status"] = SampleStatus.TASK_LIMIT_REACHED.value
+    finally:
+        for s in states:
+            if s["open"]:  # the environment has not ended it (turn or context limit, or an error here)
+                await env.cancel(s["handle"])
+    return [Episode(task, s["index"], s["messages"], s["tools"], s["reward"], s["status"]) for s in states]
+
+
+def _generate(model, tokenizer, prompts: list[list[int]], greedy: bool, temperature: float,
+              max_new_tokens: int) -> list[str]:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0,
+                                                      "top_p": 1.0}
+    out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, **sampling)
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=False)
+
+
+# ---- supervised warm-up ------------------------------------------------------------------------------
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up settings (defaults: the recipe measured in docs/tiny-learning.md)."""
+
+    max_steps: int = 400
+    batch_size: int = 32
+    lr: float = 1e-3
+    grad_clip: float = 1.0
+    eval_every: int = 10
+    stop_success: float = 0.4
+    """Stop at the first evaluation whose greedy held-out success reaches this (leaves RL room to show)."""
+    seed: int = 0
+
+
+@dataclass
+class WarmupResult:
+    """What :func:`supervised_warmup` did: the checkpoint it wrote and its learning history."""
+
+    path: str
+    steps: int
+    success: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_dir: str | Path,
+                      eval_fn: Callable[[Any], float], config: WarmupConfig | None = None) -> WarmupResult:
+    """Train on demonstrations (loss on assistant tokens only) until held-out success enters the RL window.
+
+    Args:
+        model_dir: HF model directory to start from.
+        demos: Solved episodes (see :func:`generate_demonstrations`).
+        output_dir: Where the warmed-up model and tokenizer are saved (a normal HF directory).
+        eval_fn: ``model -> greedy held-out success`` (called every ``eval_every`` steps).
+        config: Optimisation and stopping settings.
+
+    Returns:
+        The checkpoint path, the number of steps, the last held-out success and the history.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = config or WarmupConfig()
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    data = [tokenize_episode(tokenizer, d.messages, d.tools) for d in demos]
+    if not data:
+        raise ValueError("no demonstrations to train on; check that the expert solves the task")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    history: list[dict[str, float]] = []
+    order: list[int] = []
+    success, step, loss_sum = 0.0, 0, 0.0
+    started = time.monotonic()
+    while step < config.max_steps:
+        if len(order) < config.batch_size:
+            order = list(range(len(data)))
+            rng.shuffle(order)
+        batch = [data[order.pop()] for _ in range(config.batch_size)]
+        model.train()
+        loss = _masked_lm_loss(model, batch, tokenizer.pad_token_id)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        step += 1
+        loss_sum += loss.item()
+        if step % config.eval_every == 0 or step == config.max_steps:
+            success = eval_fn(model)
+            row = {"step": step, "loss": loss_sum / config.eval_every, "success": success,
+                   "seconds": time.monotonic() - started}
+            history.append(row)
+            loss_sum = 0.0
+            logger.info("warm-up step %d: loss %.3f, held-out greedy success %.2f", step, row["loss"], success)
+            if success >= config.stop_success:
+                break
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return WarmupResult(str(output_dir), step, success, history)
+
+
+def _masked_lm_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
+    """Token-mean next-token loss over the tokens whose mask is 1."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in batch])
+    mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch])
+    attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    targets, weights = ids[:, 1:], mask[:, 1:].float()
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    return (nll * weights.reshape(-1)).sum() / weights.sum()
+
+
+def episode_record(episode: Episode) -> dict[str, Any]:
+    """A JSON-ready dict of an episode (one line of the trajectories file)."""
+    record = asdict(episode)
+    record["success"] = episode.success
+    return record
