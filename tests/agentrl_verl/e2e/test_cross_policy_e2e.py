@@ -105,10 +105,13 @@ def test_ratio_zero_is_the_run_without_the_feature(workdir, env_url, run):
     zero = run(workdir, env_url, "ratio_zero", *CROSS_POLICY, "+agentrl.cross_policy.stale_ratio=0", *common)
     assert [m["cross_policy/turn_share/stale"] for m in zero] == [0.0, 0.0]
     assert off[0]["actor/grad_norm"] > 0
-    keys = ["actor/grad_norm", "actor/pg_loss", "response_length/mean", "critic/score/mean"]
     for a, b in zip(off, zero, strict=True):
-        for key in keys:
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        # Same tokens and rewards exactly; gradient figures up to float summation order (episodes finish in a
+        # different order in each run, which changes the micro-batch composition: ~1e-4 relative seen).
+        for key in ("response_length/mean", "critic/score/mean"):
+            assert a[key] == b[key], key
+        for key in ("actor/grad_norm", "actor/pg_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-6), key
 
 
 # ---- evaluation: two different models behind OpenAI-compatible endpoints, mixed per turn -------------------
