@@ -18,6 +18,7 @@ kept in-process so that it can stop early on held-out success):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from env_adapters.protocol import Index, Message, SampleStatus, ToolSchema
-from env_adapters.task import Task, get_task_class
+from env_adapters.task import InvalidAction, StepResult, Task, get_task_class
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,40 @@ class EpisodeEnv(Protocol):
         """Abandon an unfinished session."""
 
 
+class InProcessEnv:
+    """:class:`EpisodeEnv` over a task object run in this process (no controller): for quick evaluations, e.g. a
+    warm-up's stopping check where the served task adds latency.
+
+    Args:
+        family: Registered task family (e.g. ``calc``).
+        **options: The task's keyword options.
+    """
+
+    def __init__(self, family: str, **options: Any) -> None:
+        self.task = get_task_class(family)(**options)
+        self.sessions: dict[int, Any] = {}
+        self.ids = itertools.count()
+
+    async def start(self, task: str, index: Index) -> tuple[Any, list[Message], list[ToolSchema], str, float]:
+        session = await self.task.start_session(index)
+        result = await session.reset()
+        handle = next(self.ids)
+        self.sessions[handle] = session
+        return handle, result.messages, result.tools or [], result.status.value, result.reward
+
+    async def step(self, handle: Any, message: Message) -> tuple[list[Message], str, float]:
+        try:
+            result = await self.sessions[handle].step(message)
+        except InvalidAction:  # what a worker reports as this status
+            result = StepResult(status=SampleStatus.AGENT_INVALID_ACTION)
+        if result.status.finished:
+            await self.sessions.pop(handle).close()
+        return result.messages, result.status.value, result.reward
+
+    async def cancel(self, handle: Any) -> None:
+        await self.sessions.pop(handle).close()
+
+
 @dataclass
 class EvalResult:
     """Outcome of :func:`evaluate` on one task."""
@@ -333,6 +368,9 @@ class WarmupConfig:
     eval_every: int = 10
     stop_success: float = 0.4
     """Stop at the first evaluation whose greedy held-out success reaches this (leaves RL room to show)."""
+    dense_eval_from: float = 0.05
+    """Once an evaluation reaches this success, evaluate after every step: success jumps from near 0 to 0.8 within
+    ten steps on some seeds, and coarser checks overshoot the window."""
     seed: int = 0
 
 
@@ -354,7 +392,8 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
         model_dir: HF model directory to start from.
         demos: Solved episodes (see :func:`generate_demonstrations`).
         output_dir: Where the warmed-up model and tokenizer are saved (a normal HF directory).
-        eval_fn: ``model -> greedy held-out success`` (called every ``eval_every`` steps).
+        eval_fn: ``model -> greedy held-out success`` (called every ``eval_every`` steps, then every step from
+            ``dense_eval_from`` on).
         config: Optimisation and stopping settings.
 
     Returns:
@@ -374,7 +413,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     history: list[dict[str, float]] = []
     order: list[int] = []
-    success, step, loss_sum = 0.0, 0, 0.0
+    success, step, loss_sum, since_eval = 0.0, 0, 0.0, 0
     started = time.monotonic()
     while step < config.max_steps:
         if len(order) < config.batch_size:
@@ -389,12 +428,13 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
         optimizer.step()
         step += 1
         loss_sum += loss.item()
-        if step % config.eval_every == 0 or step == config.max_steps:
+        since_eval += 1
+        if step % config.eval_every == 0 or step == config.max_steps or success >= config.dense_eval_from:
             success = eval_fn(model)
-            row = {"step": step, "loss": loss_sum / config.eval_every, "success": success,
+            row = {"step": step, "loss": loss_sum / since_eval, "success": success,
                    "seconds": time.monotonic() - started}
             history.append(row)
-            loss_sum = 0.0
+            loss_sum, since_eval = 0.0, 0
             logger.info("warm-up step %d: loss %.3f, held-out greedy success %.2f", step, row["loss"], success)
             if success >= config.stop_success:
                 break

@@ -214,7 +214,7 @@ def write_datasets(out: Path, train_indices: dict[str, list[Index]], held_out: d
 
 
 def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, ray_dir: Path,
-               spec: RLSpec) -> list[str]:
+               spec: RLSpec, seed: int = 0) -> list[str]:
     """The ``main_ppo`` command line of the RL phase."""
     from agentrl_verl.config import CONFIG_DIR
 
@@ -224,6 +224,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={train}", f"data.val_files={val}",
         f"agentrl.env.url={env_url}",
+        f"data.seed={seed}",
         f"trainer.total_training_steps={spec.steps}",
         f"trainer.save_freq={spec.steps}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
@@ -457,7 +458,7 @@ def run_demo(output_dir: str | os.PathLike, config: DemoConfig) -> dict[str, Any
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
         try:
-            cmd = rl_command(warm.path, train_file, val_file, stack.url, out, ray_dir, config.rl)
+            cmd = rl_command(warm.path, train_file, val_file, stack.url, out, ray_dir, config.rl, config.seed)
             logger.info("RL: %s", " ".join(cmd))
             rl_history = run_rl(cmd, out, names, config.rl.steps, config.rl.timeout_s)
         finally:

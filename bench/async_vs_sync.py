@@ -40,7 +40,7 @@ logger = logging.getLogger("bench.async_vs_sync")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="training steps of each run")
+    parser.add_argument("--steps", type=int, default=12, help="training steps of each run")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=2, help="agentrl.async.max_staleness of the async run")
@@ -49,7 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-sigma", type=float, default=1.2, help="lognormal sigma of the calc step latency")
     parser.add_argument("--latency-max-s", type=float, default=10.0, help="cap of the calc step latency")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="model directory (default: the tiny offline model)")
+    parser.add_argument("--model", default=None,
+                        help="model directory used as is (default: the tiny offline model after a supervised warm-up "
+                             "on calc, so that rewards can move and the two runs' reward curves can be compared)")
     parser.add_argument("--out", default=None, help="folder for logs and metrics (default: a temporary one)")
     parser.add_argument("--timeout-s", type=int, default=900, help="limit of each training run")
     return parser.parse_args(argv)
@@ -63,10 +65,51 @@ def stack_config(args: argparse.Namespace) -> dict[str, Any]:
         "controller": {"port": 0},
         "workers": [
             {"task": "calc", "name": "calc", "concurrency": concurrency,
-             "options": {"size": 256, "seed": args.seed, "step_latency": latency}},
+             "options": {"size": CALC_SIZE, "seed": args.seed, "step_latency": latency}},
             {"task": "db", "name": "db", "concurrency": concurrency, "options": {"backend": "sqlite"}},
         ],
     }
+
+
+CALC_SIZE = 256
+"""calc indices the runs train on; the warm-up demonstrates and evaluates on the indices after them."""
+
+
+def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
+    """The tiny model after the demo's supervised warm-up on calc (stopping at 0.6 held-out greedy success).
+
+    An untrained model ends every episode with a malformed first turn: a flat reward, and episodes that never
+    reach the multi-turn latency tail. The warm-up runs in-process against the calc task without latency.
+    """
+    import asyncio
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from agentrl_verl.cold_start import (
+        InProcessEnv,
+        WarmupConfig,
+        evaluate,
+        generate_demonstrations,
+        supervised_warmup,
+    )
+
+    base = build_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    options = {"seed": args.seed, "size": CALC_SIZE + 2100}
+    held_out = list(range(CALC_SIZE, CALC_SIZE + 100))
+    demos = generate_demonstrations("calc", range(CALC_SIZE + 100, CALC_SIZE + 2100), options)
+
+    def success(model: torch.nn.Module) -> float:
+        env = InProcessEnv("calc", **options)
+        result = evaluate(model, tokenizer, env, "calc", held_out, max_turns=4, max_new_tokens=48, max_context=640,
+                          batch_size=len(held_out))
+        return asyncio.run(result).success_rate
+
+    warm = supervised_warmup(base, demos, workdir / "warmup_model", success,
+                             WarmupConfig(stop_success=0.6, seed=args.seed))
+    logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
+    return Path(warm.path)
 
 
 def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path, env_url: str) -> dict[str, Any]:
@@ -134,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = Path(args.out or tempfile.mkdtemp(prefix="async_vs_sync_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else build_tiny_model()
+    model = Path(args.model) if args.model else cold_started_model(args, workdir)
     with EnvStack(stack_config(args)) as stack:
         rows = (args.steps + args.max_staleness + 2) * args.batch  # the async run admits up to K + 1 batches ahead
         code = agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir),

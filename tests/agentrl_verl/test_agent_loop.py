@@ -223,3 +223,30 @@ def test_registered_and_options():
     assert AgentOptions.from_config(None, {}) == AgentOptions(20, 8192, 1024, -0.2, "")
     with pytest.raises(ValueError, match=r"unknown agentrl.agent option\(s\) \['turns'\]"):
         AgentOptions.from_config({"turns": 3}, {})
+
+
+class PoolServer(ScriptedServer):
+    """A scripted server behind a cross-policy pool: each turn tagged with the member and its weight version."""
+
+    def __init__(self, tokenizer, texts, members: list[tuple[str, int]]):
+        super().__init__(tokenizer, texts)
+        self.members = list(members)
+
+    async def generate(self, request_id, **kwargs) -> TokenOutput:
+        output = await super().generate(request_id, **kwargs)
+        policy, version = self.members.pop(0)
+        output.extra_fields.update({"global_steps": version, "policy": policy, "policy_version": version})
+        return output
+
+
+async def test_version_range_counts_only_the_trained_policys_turns(tokenizer):
+    # A stale pool member's turn (version 0) is off-policy by design: it must not look like pipeline lag.
+    server = PoolServer(tokenizer, [_call("ls"), _call("pwd"), _call("echo")],
+                        [("current", 5), ("stale", 0), ("current", 6)])
+    env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")]),
+                       InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("2")]),
+                       InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
+    out = await _loop(tokenizer, server, env).run({}, **_row())
+    assert out.extra_fields["turn_global_steps"] == [5, 0, 6]
+    assert out.extra_fields["turn_policies"] == ["current", "stale", "current"]
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 6)

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl_verl.cold_start import (
     Episode,
+    InProcessEnv,
     WarmupConfig,
     evaluate,
     generate_demonstrations,
@@ -20,7 +21,6 @@ from agentrl_verl.cold_start import (
     tokenize_episode,
 )
 from agentrl_verl.models.tiny import build_tiny_model
-from env_adapters.task import InvalidAction, get_task_class
 
 
 @pytest.fixture(scope="module")
@@ -79,31 +79,6 @@ def test_parse_assistant_keeps_malformed_calls_as_content():
     assert message["tool_calls"][0]["function"] == {"name": "submit", "arguments": '{"answer": "3"}'}
 
 
-class InProcessEnv:
-    """The :class:`~agentrl_verl.cold_start.EpisodeEnv` face over a task object (no controller)."""
-
-    def __init__(self, family: str, **options) -> None:
-        self.task = get_task_class(family)(**options)
-        self.sessions, self.ids = {}, itertools.count()
-
-    async def start(self, task, index):
-        session = await self.task.start_session(index)
-        result = await session.reset()
-        handle = next(self.ids)
-        self.sessions[handle] = session
-        return handle, result.messages, result.tools, result.status.value, result.reward
-
-    async def step(self, handle, message):
-        try:
-            result = await self.sessions[handle].step(message)
-        except InvalidAction:
-            return [], "agent invalid action", 0.0
-        return result.messages, result.status.value, result.reward
-
-    async def cancel(self, handle):
-        await self.sessions.pop(handle).close()
-
-
 class ScriptedModel(torch.nn.Module):
     """Stands in for a causal LM whose ``generate`` replays fixed replies (checks the evaluator's plumbing)."""
 
@@ -155,3 +130,13 @@ def test_warmup_lowers_the_loss_and_saves_a_model(model_dir, demos, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(result.path)
     assert sum(p.numel() for p in reloaded.parameters()) > 0
     assert AutoTokenizer.from_pretrained(result.path)("x")["input_ids"]
+
+
+def test_warmup_evaluates_every_step_once_success_starts_and_stops_in_the_window(model_dir, demos, tmp_path):
+    scores = iter([0.0, 0.1, 0.3, 0.7, 0.9])
+    result = supervised_warmup(model_dir, demos, tmp_path / "sft", lambda model: next(scores),
+                               WarmupConfig(max_steps=20, batch_size=4, eval_every=3, dense_eval_from=0.05,
+                                            stop_success=0.6))
+    # Every 3 steps until 0.1 >= 0.05, then every step; stops at the first evaluation >= 0.6.
+    assert [row["step"] for row in result.history] == [3, 6, 7, 8]
+    assert result.steps == 8 and result.success == 0.7

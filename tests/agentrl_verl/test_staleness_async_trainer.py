@@ -63,3 +63,10 @@ def test_read_async_config_from_a_run_config():
     assert read_async_config(OmegaConf.create({})) == AsyncConfig()
     with pytest.raises(ValueError, match="unknown agentrl.async option"):
         read_async_config(OmegaConf.create({"agentrl": {"async": {"staleness": 3}}}))
+
+
+def test_turn_versions_leave_out_cross_policy_members():
+    extra = {"turn_global_steps": [5, 0, None, 6], "turn_policies": ["current", "stale", "current", "current"]}
+    assert async_trainer._turn_versions(extra) == [5, 6]
+    assert async_trainer._turn_versions({"turn_global_steps": [2, 3]}) == [2, 3]  # no pool: all turns count
+    assert async_trainer._turn_versions({}) == []
