@@ -137,7 +137,9 @@ def snapshot_groups(items: Mapping[str, Mapping[str, Any]], admitted_version: Ma
         if status == "failure":
             failed.append(key)
         elif status == "finished":
-            groups.append(GroupState(key, oldest_turn.get(key, admitted), finished=True))
+            # No turn of the trained policy is older than the group's admission. A trajectory whose turns all came
+            # from a cross-policy pool member carries its submission step's version instead, which can be older.
+            groups.append(GroupState(key, max(oldest_turn.get(key, admitted), admitted), finished=True))
         else:  # pending or running
             groups.append(GroupState(key, admitted, finished=False))
     running = sum(not g.finished for g in groups)

@@ -8,8 +8,8 @@ What it does, in order (settings: ``agentrl_verl/config/demo_run.yaml``, RL pres
 3. Cold start: generates demonstrations of ``calc`` with a scripted expert through the real task code and
    trains on them until greedy held-out success enters a window that leaves RL room (:mod:`.cold_start`).
 4. Evaluates every task on held-out indices through the stack (greedy, and sampled).
-5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO and cross-policy sampling,
-   showing each step's reward and success per task as it goes.
+5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
+   cross-policy sampling, showing each step's reward and success per task as it goes.
 6. Loads the actor verl saved (its HF export) and evaluates again on the same held-out indices.
 7. Writes ``summary.json``, ``summary.md`` (a table), ``learning_curve.png`` and ``trajectories.jsonl`` to
    ``--output-dir``.

@@ -40,7 +40,7 @@ logger = logging.getLogger("bench.async_vs_sync")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps of each run")
+    parser.add_argument("--steps", type=int, default=16, help="training steps of each run")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=2, help="agentrl.async.max_staleness of the async run")
@@ -124,6 +124,8 @@ def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path
         f"trainer.total_training_steps={args.steps}", "trainer.logger=[console,file]",
         f"trainer.default_local_dir={workdir / 'ckpt'}", f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
         "algorithm.adv_estimator=task_norm_grpo", f"trainer.v1.trainer_mode={mode}",
+        # The demo's RL settings for the warmed-up model (temperature 0.8, no penalty; see config/demo/tiny.yaml).
+        "actor_rollout_ref.rollout.temperature=0.8", "+agentrl.agent.penalty=0.0",
         f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=4", "+agentrl.agent.max_new_tokens=48",
         "+agentrl.agent.max_total_tokens=1024", "data.max_prompt_length=768", "data.max_response_length=256",
     ]

@@ -27,6 +27,8 @@ def test_snapshot_uses_oldest_turn_of_finished_groups_and_admission_version_of_r
     assert (groups["b"].version, groups["b"].finished) == (3, False)  # running: version at admission
     assert groups["c"].version == 4 and not groups["c"].finished
     assert state["failed"] == ["d"] and (state["running"], state["finished"]) == (2, 1)
+    # A trajectory tag older than the admission (its turns all came from a cross-policy member) does not age the group.
+    assert snapshot_groups(_listing({"e": "finished"}, {"e_0_0": 1, "e_1_0": 6}), {"e": 5})["groups"][0].version == 5
     # A group the pump did not admit (resumed run) falls back to its submission step - 1.
     assert snapshot_groups(_listing({"x": "running"}, {}), {})["groups"][0].version == 2
 
