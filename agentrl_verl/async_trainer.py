@@ -104,6 +104,10 @@ class Pipeline:
             self.running.window(now)
             self.buffered.window(now)
 
+    def snapshot(self) -> dict[str, Any]:
+        """:func:`snapshot_groups` of the train partition as TransferQueue lists it now (call under :attr:`lock`)."""
+        return snapshot_groups(tq.kv_list(PARTITION).get(PARTITION, {}), self.admitted_version)
+
     def observe(self, running: int, finished: int) -> None:
         now = time.monotonic()
         self.running.set(running, now)
@@ -175,7 +179,7 @@ class AdmissionPump(threading.Thread):
         """One look at the rollout state; returns how many groups were admitted."""
         p = self.pipeline
         with p.lock:
-            state = snapshot_groups(tq.kv_list(PARTITION).get(PARTITION, {}), p.admitted_version)
+            state = p.snapshot()
             p.observe(state["running"], state["finished"])
             quota = p.pacer.quota(state["running"], state["finished"])
             if quota <= 0:
@@ -310,7 +314,7 @@ class AsyncPipelineTrainer(PPOTrainer):
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while True:
             with self.pipeline.lock:
-                state = snapshot_groups(tq.kv_list(PARTITION).get(PARTITION, {}), self.pipeline.admitted_version)
+                state = self.pipeline.snapshot()
             if state["running"] == 0:
                 logger.info("agentrl_async: run over; %d finished groups were not trained", state["finished"])
                 return

@@ -76,38 +76,36 @@ CALC_SIZE = 256
 
 
 def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
-    """The tiny model after the demo's supervised warm-up on calc (stopping at 0.6 held-out greedy success).
+    """The tiny model after the demo's supervised warm-up on calc (its settings from ``demo_run.yaml``).
 
     An untrained model ends every episode with a malformed first turn: a flat reward, and episodes that never
     reach the multi-turn latency tail. The warm-up runs in-process against the calc task without latency.
     """
     import asyncio
+    import dataclasses
 
     import torch
     from transformers import AutoTokenizer
 
-    from agentrl_verl.cold_start import (
-        InProcessEnv,
-        WarmupConfig,
-        evaluate,
-        generate_demonstrations,
-        supervised_warmup,
-    )
+    from agentrl_verl.cold_start import InProcessEnv, evaluate, generate_demonstrations, supervised_warmup
+    from agentrl_verl.demo import load_demo_config
 
+    demo = load_demo_config()
     base = build_tiny_model()
     tokenizer = AutoTokenizer.from_pretrained(base)
-    options = {"seed": args.seed, "size": CALC_SIZE + 2100}
-    held_out = list(range(CALC_SIZE, CALC_SIZE + 100))
-    demos = generate_demonstrations("calc", range(CALC_SIZE + 100, CALC_SIZE + 2100), options)
+    options = {"seed": args.seed, "size": CALC_SIZE + demo.eval.warmup_indices + demo.demonstrations}
+    held_out = list(range(CALC_SIZE, CALC_SIZE + demo.eval.warmup_indices))
+    demos = generate_demonstrations("calc", range(held_out[-1] + 1, options["size"]), options)
 
     def success(model: torch.nn.Module) -> float:
         env = InProcessEnv("calc", **options)
-        result = evaluate(model, tokenizer, env, "calc", held_out, max_turns=4, max_new_tokens=48, max_context=640,
+        result = evaluate(model, tokenizer, env, "calc", held_out, max_turns=demo.eval.max_turns,
+                          max_new_tokens=demo.eval.max_new_tokens, max_context=demo.eval.max_context,
                           batch_size=len(held_out))
         return asyncio.run(result).success_rate
 
     warm = supervised_warmup(base, demos, workdir / "warmup_model", success,
-                             WarmupConfig(stop_success=0.6, seed=args.seed))
+                             dataclasses.replace(demo.warmup, seed=args.seed))
     logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
     return Path(warm.path)
 
