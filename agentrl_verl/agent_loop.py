@@ -113,6 +113,7 @@ class Episode:
     generated_tokens: int = 0
     env_tokens: int = 0
     turn_global_steps: list[int | None] = field(default_factory=list)
+    resumed_turns: int = 0  # turns interrupted by a weight update and finished on the new weights
     # Cross-policy sampling: which pool member and weight version produced each turn (agentrl_verl.cross_policy).
     turn_log: TurnLog = field(default_factory=TurnLog)
     env_metrics: dict[str, Any] = field(default_factory=dict)
@@ -278,7 +279,11 @@ class AgentRLAgentLoop(AgentLoopBase):
         episode.token_ids, episode.response_mask, episode.response_logprobs = merged.token_ids, mask, logprobs
         episode.turns += 1
         episode.generated_tokens += len(output.token_ids)
-        episode.turn_global_steps.append(output.extra_fields.get("global_steps"))
+        # A generation aborted at a weight update and resumed on the new weights (agentrl.async.interrupt) holds
+        # tokens of two versions: the oldest is the turn's version, so the staleness bound covers all its tokens.
+        oldest, newest = output.extra_fields.get("min_global_steps"), output.extra_fields.get("max_global_steps")
+        episode.turn_global_steps.append(output.extra_fields.get("global_steps") if oldest is None else oldest)
+        episode.resumed_turns += oldest is not None and oldest != newest
         episode.turn_log.record(output.extra_fields, start=turn_start, num_tokens=len(mask) - turn_start)
 
     async def _assistant_message(self, episode: Episode, token_ids: list[int],
@@ -352,6 +357,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             "generated_tokens": episode.generated_tokens,
             "env_tokens": episode.env_tokens,
             "turn_global_steps": episode.turn_global_steps,
+            "resumed_turns": episode.resumed_turns,
             **episode.turn_log.to_extra_fields(),
             "min_global_steps": min(versions, default=fallback_version),
             "max_global_steps": max(versions, default=fallback_version),

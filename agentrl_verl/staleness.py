@@ -49,7 +49,8 @@ class AsyncConfig:
     Attributes:
         max_staleness: ``K``, the largest lag (in versions) a trained turn may have.
         buffer_capacity: most groups in flight plus finished-but-untrained at once; ``None`` means
-            ``2 * batch_groups`` (the upstream AgentRL buffer size).
+            ``(max_staleness + 1) * batch_groups``, all that the staleness bound lets start (``2 * batch_groups``,
+            the upstream AgentRL buffer size, at the default bound).
         stale_policy: how groups that reached the bound are handled.
         max_inflight: most groups running at once (e.g. the environment's concurrency); ``None``: no limit
             beyond staleness and capacity.
@@ -102,7 +103,7 @@ class AsyncConfig:
         Raises:
             ValueError: the capacity cannot hold one batch, so the trainer could never start.
         """
-        capacity = 2 * batch_groups if self.buffer_capacity is None else self.buffer_capacity
+        capacity = (self.max_staleness + 1) * batch_groups if self.buffer_capacity is None else self.buffer_capacity
         if capacity < batch_groups:
             raise ValueError(
                 f"agentrl.async.buffer_capacity={capacity} is smaller than one training batch "

@@ -10,10 +10,11 @@ number of trained trajectories):
 The synchronous run is ``trainer.v1.trainer_mode=agentrl_sync``; the asynchronous one ``agentrl_async`` with
 ``agentrl.async.max_staleness=K``. The training time of a run is the sum of verl's per-step wall times
 (``timing_s/step``: the step from its start, waiting for the batch included, to the weight update); process
-start-up (Ray, workers, model loading) is the same for both and reported apart. The last line printed is
-``key=value`` pairs: ``speedup`` = sync training time / async training time (``speedup_after_step1``: the same
-without each run's first step, which holds the warm-up), plus each run's rewards and the async run's staleness
-and idle fractions.
+start-up (Ray, workers, model loading) and the final checkpoint save are the same for both and left out. The last
+line printed is ``key=value`` pairs: ``speedup`` = sync training time / async training time
+(``speedup_after_step1``: the same without each run's first step, which holds the warm-up), each run's training
+rewards, the held-out calc success (sampled at the runs' temperature, on indices neither run nor the warm-up saw)
+of the start model and of each run's final model, and the async run's staleness and idle fractions.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ logger = logging.getLogger("bench.async_vs_sync")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=16, help="training steps of each run")
+    parser.add_argument("--steps", type=int, default=24, help="training steps of each run")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
-    parser.add_argument("--max-staleness", type=int, default=2, help="agentrl.async.max_staleness of the async run")
+    parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
     parser.add_argument("--stale-policy", default="wait", choices=["wait", "drop", "keep"])
     parser.add_argument("--latency-median-s", type=float, default=0.5, help="median calc step latency")
     parser.add_argument("--latency-sigma", type=float, default=1.2, help="lognormal sigma of the calc step latency")
@@ -54,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "on calc, so that rewards can move and the two runs' reward curves can be compared)")
     parser.add_argument("--out", default=None, help="folder for logs and metrics (default: a temporary one)")
     parser.add_argument("--timeout-s", type=int, default=900, help="limit of each training run")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for both runs (repeatable), e.g. "
+                             "algorithm.rollout_correction.rollout_is=token")
+    parser.add_argument("--eval-size", type=int, default=200,
+                        help="held-out calc episodes, sampled at the runs' temperature, to compare the start model and "
+                             "each run's final model (0: no evaluation)")
     return parser.parse_args(argv)
 
 
@@ -72,7 +79,38 @@ def stack_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 CALC_SIZE = 256
-"""calc indices the runs train on; the warm-up demonstrates and evaluates on the indices after them."""
+"""calc indices the runs train on; the warm-up demonstrates and evaluates on the indices after them, and the final
+held-out evaluation uses the indices after those."""
+
+
+def calc_success(model_dir: Path | str, indices: list[int], seed: int, greedy: bool = True, model=None) -> float:
+    """Success rate of a model (a directory, or ``model`` already loaded) on calc ``indices`` of problem seed
+    ``seed``, played in-process with the demo's evaluation settings: greedy, or sampled at the runs' temperature
+    (seeded, so repeatable)."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl_verl.cold_start import InProcessEnv, evaluate
+    from agentrl_verl.demo import load_demo_config
+
+    spec = load_demo_config().eval
+    torch.manual_seed(seed)
+    model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    env = InProcessEnv("calc", seed=seed, size=max(indices) + 1)
+    result = evaluate(model, AutoTokenizer.from_pretrained(model_dir), env, "calc", indices, greedy=greedy,
+                      temperature=spec.temperature, max_turns=spec.max_turns, max_new_tokens=spec.max_new_tokens,
+                      max_context=spec.max_context, batch_size=len(indices))
+    return asyncio.run(result).success_rate
+
+
+def held_out_indices(args: argparse.Namespace) -> list[int]:
+    from agentrl_verl.demo import load_demo_config
+
+    demo = load_demo_config()
+    first = CALC_SIZE + demo.eval.warmup_indices + demo.demonstrations
+    return list(range(first, first + args.eval_size))
 
 
 def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
@@ -81,38 +119,30 @@ def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
     An untrained model ends every episode with a malformed first turn: a flat reward, and episodes that never
     reach the multi-turn latency tail. The warm-up runs in-process against the calc task without latency.
     """
-    import asyncio
     import dataclasses
 
-    import torch
-    from transformers import AutoTokenizer
-
-    from agentrl_verl.cold_start import InProcessEnv, evaluate, generate_demonstrations, supervised_warmup
+    from agentrl_verl.cold_start import generate_demonstrations, supervised_warmup
     from agentrl_verl.demo import load_demo_config
 
     demo = load_demo_config()
     base = build_tiny_model()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    options = {"seed": args.seed, "size": CALC_SIZE + demo.eval.warmup_indices + demo.demonstrations}
     held_out = list(range(CALC_SIZE, CALC_SIZE + demo.eval.warmup_indices))
-    demos = generate_demonstrations("calc", range(held_out[-1] + 1, options["size"]), options)
-
-    def success(model: torch.nn.Module) -> float:
-        env = InProcessEnv("calc", **options)
-        result = evaluate(model, tokenizer, env, "calc", held_out, max_turns=demo.eval.max_turns,
-                          max_new_tokens=demo.eval.max_new_tokens, max_context=demo.eval.max_context,
-                          batch_size=len(held_out))
-        return asyncio.run(result).success_rate
-
-    warm = supervised_warmup(base, demos, workdir / "warmup_model", success,
+    first_demo = held_out[-1] + 1
+    demos = generate_demonstrations("calc", range(first_demo, first_demo + demo.demonstrations),
+                                    {"seed": args.seed, "size": first_demo + demo.demonstrations})
+    warm = supervised_warmup(base, demos, workdir / "warmup_model",
+                             lambda model: calc_success(base, held_out, args.seed, model=model),
                              dataclasses.replace(demo.warmup, seed=args.seed))
     logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
     return Path(warm.path)
 
 
 def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path, env_url: str) -> dict[str, Any]:
-    """One ``main_ppo`` run; returns its per-step metrics and process wall time."""
+    """One ``main_ppo`` run; returns its per-step metrics, process wall time and final model (its HF export)."""
+    from agentrl_verl.demo import exported_actor, load_demo_config
+
     metrics_path = workdir / f"{mode}.jsonl"
+    checkpoints = workdir / f"ckpt_{mode}"
     ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
     overrides = [
         f"actor_rollout_ref.model.path={model}",
@@ -120,16 +150,18 @@ def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path
         f"data.train_batch_size={args.batch}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
         f"actor_rollout_ref.rollout.n={args.n}", f"data.seed={args.seed}",
         f"trainer.total_training_steps={args.steps}", "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={workdir / 'ckpt'}", f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        f"trainer.default_local_dir={checkpoints}", f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        f"trainer.save_freq={args.steps}", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
         "algorithm.adv_estimator=task_norm_grpo", f"trainer.v1.trainer_mode={mode}",
         # The demo's RL settings for the warmed-up model (temperature 0.8, no penalty; see config/demo/tiny.yaml).
-        "actor_rollout_ref.rollout.temperature=0.8", "+agentrl.agent.penalty=0.0",
+        f"actor_rollout_ref.rollout.temperature={load_demo_config().eval.temperature}", "+agentrl.agent.penalty=0.0",
         f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=4", "+agentrl.agent.max_new_tokens=48",
         "+agentrl.agent.max_total_tokens=1024", "data.max_prompt_length=768", "data.max_response_length=256",
     ]
     if mode == "agentrl_async":
         overrides += [f"+agentrl.async.max_staleness={args.max_staleness}",
                       f"+agentrl.async.stale_policy={args.stale_policy}"]
+    overrides += args.override
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
            *overrides]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
@@ -150,12 +182,15 @@ def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path
     if returncode != 0:
         raise RuntimeError(f"{mode} run failed with exit code {returncode}; see {workdir / f'{mode}.log'}")
     steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return {"wall_s": wall, "steps": {int(s["step"]): s["data"] for s in steps}}
+    return {"wall_s": wall, "steps": {int(s["step"]): s["data"] for s in steps},
+            "model": exported_actor(checkpoints, args.steps)}
 
 
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
     steps = [run["steps"][k] for k in sorted(run["steps"])]
-    train_s = sum(float(m["timing_s/step"]) for m in steps)
+    # The last step saves the final model for the evaluation: not training time.
+    step_s = [float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps]
+    train_s = sum(step_s)
     return {
         "train_s": train_s,
         "startup_s": run["wall_s"] - train_s,
@@ -163,7 +198,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
         "reward": [round(float(m.get("agentrl/all/reward", float("nan"))), 3) for m in steps],
         "calc_reward": [round(float(m.get("agentrl/calc/reward", float("nan"))), 3) for m in steps],
         "db_reward": [round(float(m.get("agentrl/db/reward", float("nan"))), 3) for m in steps],
-        "step_s": [round(float(m["timing_s/step"]), 2) for m in steps],
+        "step_s": [round(t, 2) for t in step_s],
+        "model": str(run["model"]),
         "rollout_idle": [round(float(m[k]), 3) for m in steps if (k := "async/rollout_idle_fraction") in m],
         "trainer_idle": [round(float(m[k]), 3) for m in steps if (k := "async/trainer_idle_fraction") in m],
         "turn_lag_max": [float(m[k]) for m in steps if (k := "async/staleness/turn_lag/max") in m],
@@ -173,7 +209,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # force: importing verl already gave the root logger a WARNING-level handler.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
     args = parse_args(argv)
     workdir = Path(args.out or tempfile.mkdtemp(prefix="async_vs_sync_"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             results[mode] = summarise(run_training(mode, args, workdir, model, stack.url))
             logger.info("%s: %s", mode, json.dumps(results[mode]))
     sync, asynchronous = results["agentrl_sync"], results["agentrl_async"]
-    (workdir / "summary.json").write_text(json.dumps(results, indent=2))
+    held_out = {}
+    if args.eval_size > 0:
+        indices = held_out_indices(args)
+        for name, path in (("start", model), ("sync", sync["model"]), ("async", asynchronous["model"])):
+            held_out[name] = calc_success(path, indices, args.seed, greedy=False)
+            logger.info("held-out calc success (%d episodes, sampled) of the %s model: %.3f", len(indices), name,
+                        held_out[name])
+    (workdir / "summary.json").write_text(json.dumps({**results, "held_out_success": held_out}, indent=2))
     speedup = sync["train_s"] / asynchronous["train_s"]
     # Step 1 holds each run's first generations (model warm-up, prefix caches, env sessions): also compare without.
     steady = sum(sync["step_s"][1:]) / max(sum(asynchronous["step_s"][1:]), 1e-9)
@@ -204,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sync_reward_mean={sum(sync['reward']) / len(sync['reward']):.3f} "
         f"async_reward_mean={sum(asynchronous['reward']) / len(asynchronous['reward']):.3f} "
         f"sync_reward_last={sync['reward'][-1]:.3f} async_reward_last={asynchronous['reward'][-1]:.3f} "
+        + "".join(f"held_out_{name}={value:.3f} " for name, value in held_out.items()) +
         f"max_staleness={args.max_staleness} async_turn_lag_max={max(asynchronous['turn_lag_max'], default=0):.0f} "
         f"async_rollout_idle={sum(asynchronous['rollout_idle']) / max(len(asynchronous['rollout_idle']), 1):.3f} "
         f"async_trainer_idle={sum(asynchronous['trainer_idle']) / max(len(asynchronous['trainer_idle']), 1):.3f} "

@@ -108,6 +108,6 @@ if __name__ == "__main__":
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)  # verl set up the root logger
     summary = asyncio.run(main(parser.parse_args()))
     print(" ".join(f"{k}={v}" for k, v in summary.items()))

@@ -250,3 +250,23 @@ async def test_version_range_counts_only_the_trained_policys_turns(tokenizer):
     assert out.extra_fields["turn_global_steps"] == [5, 0, 6]
     assert out.extra_fields["turn_policies"] == ["current", "stale", "current"]
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 6)
+
+
+class ResumingServer(ScriptedServer):
+    """verl's FullyAsyncLLMServerClient view: the second turn was aborted at a weight update and resumed."""
+
+    async def generate(self, request_id, **kwargs) -> TokenOutput:
+        output = await super().generate(request_id, **kwargs)
+        first, last = (3, 3) if len(self.outputs) == 1 else (3, 4)
+        output.extra_fields.update({"global_steps": last, "min_global_steps": first, "max_global_steps": last})
+        return output
+
+
+async def test_a_resumed_turn_takes_its_oldest_version_and_is_counted(tokenizer):
+    server = ResumingServer(tokenizer, [_call("ls"), _call("pwd")])
+    env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")]),
+                       InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
+    out = await _loop(tokenizer, server, env).run({}, **_row())
+    # Its first tokens came from version 3: the staleness bound must see 3, not the version that finished it.
+    assert out.extra_fields["turn_global_steps"] == [3, 3]
+    assert out.extra_fields["resumed_turns"] == 1

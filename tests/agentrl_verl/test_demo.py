@@ -124,6 +124,12 @@ def test_demo_runs_end_to_end_and_reports(demo_run):
     assert [int(m) for m in re.findall(r"RL step (\d+)/40", log)] == list(range(1, 41))
     assert all(f"{task}: reward" in log for task in tasks)
     assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, 41))
+    history = [row["data"] for row in summary["rl"]["history"]]
+    # The asynchronous trainer with cross-policy sampling: the pool's stale turns are off-policy by design and
+    # outside the bound, yet no turn of the trained policy was beyond it and no group was trained beyond it.
+    assert all(m["async/staleness/turn_lag/over"] == 0 for m in history)
+    assert history[-1]["async/total/stale_kept"] == 0 and history[-1]["async/total/dropped"] == 0
+    assert all(0 < m["cross_policy/turn_share/stale"] < 1 for m in history)
     for name in ("summary.md", "learning_curve.png", "trajectories.jsonl"):
         assert (out / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]

@@ -22,6 +22,7 @@ def test_config_defaults_and_parsing():
     config = AsyncConfig.from_mapping(None)
     assert (config.max_staleness, config.stale_policy, config.interrupt) == (1, StalePolicy.WAIT, False)
     assert config.capacity(batch_groups=4) == 8
+    assert AsyncConfig(max_staleness=3).capacity(batch_groups=4) == 16  # never below what the bound admits
     parsed = AsyncConfig.from_mapping({"max_staleness": 2, "stale_policy": "DROP", "buffer_capacity": 5})
     assert parsed.stale_policy is StalePolicy.DROP
     assert parsed.capacity(batch_groups=4) == 5

@@ -8,7 +8,13 @@ import verl  # noqa: F401  (loads the plugin first: importing async_trainer befo
 from omegaconf import OmegaConf
 
 from agentrl_verl import async_trainer
-from agentrl_verl.async_trainer import AdmissionPump, Pipeline, read_async_config, snapshot_groups
+from agentrl_verl.async_trainer import (
+    AdmissionPump,
+    AsyncPipelineTrainer,
+    Pipeline,
+    read_async_config,
+    snapshot_groups,
+)
 from agentrl_verl.staleness import AsyncConfig, StalePolicy
 
 
@@ -72,3 +78,17 @@ def test_turn_versions_leave_out_cross_policy_members():
     assert async_trainer._turn_versions(extra) == [5, 6]
     assert async_trainer._turn_versions({"turn_global_steps": [2, 3]}) == [2, 3]  # no pool: all turns count
     assert async_trainer._turn_versions({}) == []
+
+
+def test_keep_policy_without_importance_correction_fails_before_any_worker_starts(monkeypatch):
+    def started(*args, **kwargs):
+        raise AssertionError("verl's trainer was constructed")
+
+    monkeypatch.setattr(async_trainer.PPOTrainer, "__init__", started)
+    config = OmegaConf.create({"agentrl": {"async": {"stale_policy": "keep"}}, "algorithm": {},
+                               "data": {"train_batch_size": 4}, "actor_rollout_ref": {"rollout": {"n": 2}}})
+    with pytest.raises(ValueError, match="rollout_correction.rollout_is=token"):
+        AsyncPipelineTrainer(config)
+    config.algorithm.rollout_correction = {"rollout_is": "token"}
+    with pytest.raises(AssertionError, match="constructed"):  # with the correction set, construction goes on
+        AsyncPipelineTrainer(config)

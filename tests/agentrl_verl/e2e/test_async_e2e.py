@@ -1,8 +1,10 @@
 """The ``agentrl_async`` trainer mode on verl's real ``main_ppo`` (CPU): episodes keep running across weight updates,
 every turn carries its weight version, and the staleness bound holds.
 
-The environment is a multi-turn task with a fixed delay per environment step, so episodes last longer than a
-training step; the ``agentrl_agent`` loop plays it and ``task_norm_grpo`` trains on it.
+The environment is a multi-turn task with a delay per environment step (fixed, or heavy-tailed so that some groups
+finish late), so episodes last longer than a training step; the ``agentrl_agent`` loop plays it and
+``task_norm_grpo`` trains on it. Each stale policy runs once: ``wait`` (updates between turns), ``drop`` with
+interrupted and resumed generations, and ``keep`` with verl's importance-weight correction.
 """
 
 from __future__ import annotations
@@ -16,33 +18,52 @@ pytestmark = pytest.mark.slow
 
 STEPS = 4
 MAX_STALENESS = 1
+EPISODES_PER_STEP = 8  # the cpu_tiny preset: 4 prompts x 2 samples
+
+
+def chatter_worker(step_latency: dict) -> dict:
+    return {"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", "concurrency": 32,
+            "options": {"rounds": 4, "size": 16, "step_latency": step_latency}}
 
 
 @pytest.fixture(scope="module")
 def stack(start_stack):
-    workers = [{"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", "concurrency": 16,
-                "options": {"rounds": 4, "size": 16, "step_latency": {"dist": "fixed", "s": 0.4}}}]
-    with start_stack(workers) as env:
+    with start_stack([chatter_worker({"dist": "fixed", "s": 0.4})]) as env:
         yield env
 
 
-def test_async_episodes_span_weight_versions_within_the_staleness_bound(stack, tmp_path, run_main_ppo):
-    assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "32",
+@pytest.fixture(scope="module")
+def tail_stack(start_stack):
+    """Heavy-tailed environment steps: episodes finish far out of order, so some groups outlive the bound."""
+    with start_stack([chatter_worker({"dist": "lognormal", "median_s": 0.2, "sigma": 1.5, "max_s": 4.0})]) as env:
+        yield env
+
+
+def run_async(stack, workdir, run_main_ppo, *overrides: str, max_staleness: int = MAX_STALENESS,
+              max_new_tokens: int = 16) -> dict[int, dict]:
+    """``STEPS`` steps of ``agentrl_async`` (the preset's 4 groups of 2) on the chatter task; per-step metrics."""
+    assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir), "--train-size", "32",
                              "--val-fraction", "0.25", "--seed", "0"]) == 0
     _, steps = run_main_ppo(
-        tmp_path, build_tiny_model(), "agentrl_async",
+        workdir, build_tiny_model(), "agentrl_async",
         f"trainer.total_training_steps={STEPS}",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_async",
-        f"+agentrl.async.max_staleness={MAX_STALENESS}",
-        "+agentrl.async.stale_policy=wait",
+        f"+agentrl.async.max_staleness={max_staleness}",
         f"+agentrl.env.url={stack.url}",
         "+agentrl.agent.max_turns=4",
-        "+agentrl.agent.max_new_tokens=16",
-        "+agentrl.agent.max_total_tokens=400",
+        f"+agentrl.agent.max_new_tokens={max_new_tokens}",
+        "+agentrl.agent.max_total_tokens=600",
         "data.max_prompt_length=160",
-        "data.max_response_length=160",
+        "data.max_response_length=400",
+        *overrides,
     )
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    return steps
+
+
+def test_async_episodes_span_weight_versions_within_the_staleness_bound(stack, tmp_path, run_main_ppo):
+    steps = run_async(stack, tmp_path, run_main_ppo, "+agentrl.async.stale_policy=wait")
     assert sorted(steps) == list(range(1, STEPS + 1))
     for step, m in steps.items():
         # The bound holds for every trained turn, and the wait policy never discards finished work.
@@ -59,3 +80,32 @@ def test_async_episodes_span_weight_versions_within_the_staleness_bound(stack, t
     assert max(m["async/staleness/turn_lag/mean"] for m in steps.values()) > 0
     # Admission never waited for a step boundary: more groups started than the steps took.
     assert steps[STEPS]["async/total/admitted"] > STEPS * 4
+    assert sum(m["async/resumed_turns"] for m in steps.values()) == 0  # no interruption: updates land between turns
+
+
+def test_interrupted_generations_resume_and_drop_keeps_the_bound(tail_stack, tmp_path, run_main_ppo):
+    # Long generations (96 new tokens; the untrained model rarely stops early) of many episodes in flight (a bound
+    # of 2: up to 12 groups) are running at the updates.
+    steps = run_async(tail_stack, tmp_path, run_main_ppo, "+agentrl.async.stale_policy=drop",
+                      "+agentrl.async.interrupt=true", max_staleness=2, max_new_tokens=96)
+    for step, m in steps.items():
+        # Dropping beyond the bound is per group, on the oldest token of every turn (a resumed turn included).
+        assert m["async/staleness/turn_lag/over"] == 0, (step, m)
+        assert m["agentrl/all/episodes"] == EPISODES_PER_STEP, (step, m)  # dropped groups were replaced, never left out
+        assert m["actor/pg_loss"] == m["actor/pg_loss"]
+    # Updates aborted running generations, which went on under the new weights within the same episode.
+    assert sum(m["async/resumed_turns"] for m in steps.values()) > 0
+    assert steps[STEPS]["async/total/dropped"] == sum(m["async/groups/dropped"] for m in steps.values())
+
+
+def test_keep_policy_trains_late_groups_with_importance_correction(tail_stack, tmp_path, run_main_ppo):
+    steps = run_async(tail_stack, tmp_path, run_main_ppo, "+agentrl.async.stale_policy=keep",
+                      "algorithm.rollout_correction.rollout_is=token")
+    for step, m in steps.items():
+        # Every turn beyond the bound belongs to a group the policy kept and counted.
+        assert (m["async/staleness/turn_lag/over"] > 0) == (m["async/groups/stale_kept"] > 0), (step, m)
+        assert m["agentrl/all/episodes"] == EPISODES_PER_STEP and m["async/groups/dropped"] == 0, (step, m)
+        # verl's truncated importance weights against the behaviour log-probs of the agent loop.
+        assert "rollout_corr/rollout_is_mean" in m, (step, sorted(m))
+        assert m["actor/pg_loss"] == m["actor/pg_loss"]
+    assert steps[STEPS]["async/total/stale_kept"] == sum(m["async/groups/stale_kept"] for m in steps.values())
