@@ -283,7 +283,8 @@ class AgentRLAgentLoop(AgentLoopBase):
         # tokens of two versions: the oldest is the turn's version, so the staleness bound covers all its tokens.
         oldest, newest = output.extra_fields.get("min_global_steps"), output.extra_fields.get("max_global_steps")
         episode.turn_global_steps.append(output.extra_fields.get("global_steps") if oldest is None else oldest)
-        episode.resumed_turns += oldest is not None and oldest != newest
+        if oldest is not None and oldest != newest:
+            episode.resumed_turns += 1
         episode.turn_log.record(output.extra_fields, start=turn_start, num_tokens=len(mask) - turn_start)
 
     async def _assistant_message(self, episode: Episode, token_ids: list[int],
