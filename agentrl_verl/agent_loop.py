@@ -45,7 +45,7 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.workers.rollout.replica import TokenOutput
 
-from agentrl_verl.cross_policy import CURRENT, TurnLog
+from agentrl_verl.cross_policy import TurnLog, current_policy_versions
 from env_adapters.client import EnvClient, EnvRequestError, EnvUnavailable
 from env_adapters.protocol import Message, SampleStatus, ToolSchema
 
@@ -342,10 +342,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             response_ids, mask, logprobs = [self.eos_token_id], [0], [0.0]
         completed = episode.status is SampleStatus.COMPLETED
         reward = episode.env_reward if completed else self.options.penalty
-        # The weight versions of the trained policy's own turns: a cross-policy pool member's turns (a stale copy,
-        # another model) are off-policy by design and outside the asynchronous pipeline's staleness bound.
-        versions = [v for v, policy in zip(episode.turn_global_steps, episode.turn_log.policies, strict=True)
-                    if v is not None and policy == CURRENT]
+        versions = current_policy_versions(episode.turn_global_steps, episode.turn_log.policies)
         # A trajectory without such turns has no weight version: use the one current at its step.
         fallback_version = int(kwargs.get("global_steps", 1)) - 1
         extra_fields = {

@@ -247,6 +247,15 @@ class TurnLog:
         }
 
 
+def current_policy_versions(versions: Sequence[int | None], policies: Sequence[str]) -> list[int]:
+    """The weight versions of the turns the trained policy generated.
+
+    A pool member's turns (a stale copy, another model) are off-policy by design: they stay outside the asynchronous
+    pipeline's staleness bound. A turn without a policy record (no pool) counts as the trained policy's.
+    """
+    return [int(v) for i, v in enumerate(versions) if v is not None and (i >= len(policies) or policies[i] == CURRENT)]
+
+
 def stale_refresh_due(global_steps: int, refresh_steps: int) -> bool:
     """Whether the stale pool takes the actor's weights after training step ``global_steps``."""
     return global_steps % refresh_steps == 0

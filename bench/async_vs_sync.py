@@ -33,6 +33,7 @@ from typing import Any
 
 from agentrl_verl.cli import main as agentrl_verl_cli
 from agentrl_verl.config import CONFIG_DIR
+from agentrl_verl.demo import exported_actor, load_demo_config
 from agentrl_verl.models.tiny import build_tiny_model
 from env_adapters.launcher import EnvStack
 
@@ -81,36 +82,43 @@ def stack_config(args: argparse.Namespace) -> dict[str, Any]:
 CALC_SIZE = 256
 """calc indices the runs train on; the warm-up demonstrates and evaluates on the indices after them, and the final
 held-out evaluation uses the indices after those."""
+DEMO = load_demo_config()
+"""The demo's settings: its warm-up, its evaluation and its RL temperature are the bench's too."""
 
 
-def calc_success(model_dir: Path | str, indices: list[int], seed: int, greedy: bool = True, model=None) -> float:
-    """Success rate of a model (a directory, or ``model`` already loaded) on calc ``indices`` of problem seed
-    ``seed``, played in-process with the demo's evaluation settings: greedy, or sampled at the runs' temperature
-    (seeded, so repeatable)."""
+def calc_success(model, tokenizer, indices: list[int], seed: int, greedy: bool = True) -> float:
+    """Success rate of ``model`` on calc ``indices`` of problem seed ``seed``, played in-process with the demo's
+    evaluation settings: greedy, or sampled at the runs' temperature (seeded, so repeatable)."""
     import asyncio
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl_verl.cold_start import InProcessEnv, evaluate
-    from agentrl_verl.demo import load_demo_config
 
-    spec = load_demo_config().eval
+    spec = DEMO.eval
     torch.manual_seed(seed)
-    model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     env = InProcessEnv("calc", seed=seed, size=max(indices) + 1)
-    result = evaluate(model, AutoTokenizer.from_pretrained(model_dir), env, "calc", indices, greedy=greedy,
-                      temperature=spec.temperature, max_turns=spec.max_turns, max_new_tokens=spec.max_new_tokens,
-                      max_context=spec.max_context, batch_size=len(indices))
+    result = evaluate(model, tokenizer, env, "calc", indices, greedy=greedy, temperature=spec.temperature,
+                      max_turns=spec.max_turns, max_new_tokens=spec.max_new_tokens, max_context=spec.max_context,
+                      batch_size=len(indices))
     return asyncio.run(result).success_rate
 
 
-def held_out_indices(args: argparse.Namespace) -> list[int]:
-    from agentrl_verl.demo import load_demo_config
+def held_out_success(models: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
+    """Sampled success of each model on ``--eval-size`` calc indices that neither run nor the warm-up saw."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    demo = load_demo_config()
-    first = CALC_SIZE + demo.eval.warmup_indices + demo.demonstrations
-    return list(range(first, first + args.eval_size))
+    first = CALC_SIZE + DEMO.eval.warmup_indices + DEMO.demonstrations
+    indices = list(range(first, first + args.eval_size))
+    tokenizer = AutoTokenizer.from_pretrained(models["start"])  # RL leaves the tokenizer as it is
+    results = {}
+    for name, path in models.items():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        results[name] = calc_success(model, tokenizer, indices, args.seed, greedy=False)
+        logger.info("held-out calc success (%d episodes, sampled) of the %s model: %.3f", len(indices), name,
+                    results[name])
+    return results
 
 
 def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
@@ -121,26 +129,25 @@ def cold_started_model(args: argparse.Namespace, workdir: Path) -> Path:
     """
     import dataclasses
 
-    from agentrl_verl.cold_start import generate_demonstrations, supervised_warmup
-    from agentrl_verl.demo import load_demo_config
+    from transformers import AutoTokenizer
 
-    demo = load_demo_config()
+    from agentrl_verl.cold_start import generate_demonstrations, supervised_warmup
+
     base = build_tiny_model()
-    held_out = list(range(CALC_SIZE, CALC_SIZE + demo.eval.warmup_indices))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    held_out = list(range(CALC_SIZE, CALC_SIZE + DEMO.eval.warmup_indices))
     first_demo = held_out[-1] + 1
-    demos = generate_demonstrations("calc", range(first_demo, first_demo + demo.demonstrations),
-                                    {"seed": args.seed, "size": first_demo + demo.demonstrations})
+    demos = generate_demonstrations("calc", range(first_demo, first_demo + DEMO.demonstrations),
+                                    {"seed": args.seed, "size": first_demo + DEMO.demonstrations})
     warm = supervised_warmup(base, demos, workdir / "warmup_model",
-                             lambda model: calc_success(base, held_out, args.seed, model=model),
-                             dataclasses.replace(demo.warmup, seed=args.seed))
+                             lambda model: calc_success(model, tokenizer, held_out, args.seed),
+                             dataclasses.replace(DEMO.warmup, seed=args.seed))
     logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
     return Path(warm.path)
 
 
 def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path, env_url: str) -> dict[str, Any]:
     """One ``main_ppo`` run; returns its per-step metrics, process wall time and final model (its HF export)."""
-    from agentrl_verl.demo import exported_actor, load_demo_config
-
     metrics_path = workdir / f"{mode}.jsonl"
     checkpoints = workdir / f"ckpt_{mode}"
     ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
@@ -154,7 +161,7 @@ def run_training(mode: str, args: argparse.Namespace, workdir: Path, model: Path
         f"trainer.save_freq={args.steps}", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
         "algorithm.adv_estimator=task_norm_grpo", f"trainer.v1.trainer_mode={mode}",
         # The demo's RL settings for the warmed-up model (temperature 0.8, no penalty; see config/demo/tiny.yaml).
-        f"actor_rollout_ref.rollout.temperature={load_demo_config().eval.temperature}", "+agentrl.agent.penalty=0.0",
+        f"actor_rollout_ref.rollout.temperature={DEMO.eval.temperature}", "+agentrl.agent.penalty=0.0",
         f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=4", "+agentrl.agent.max_new_tokens=48",
         "+agentrl.agent.max_total_tokens=1024", "data.max_prompt_length=768", "data.max_response_length=256",
     ]
@@ -229,11 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     sync, asynchronous = results["agentrl_sync"], results["agentrl_async"]
     held_out = {}
     if args.eval_size > 0:
-        indices = held_out_indices(args)
-        for name, path in (("start", model), ("sync", sync["model"]), ("async", asynchronous["model"])):
-            held_out[name] = calc_success(path, indices, args.seed, greedy=False)
-            logger.info("held-out calc success (%d episodes, sampled) of the %s model: %.3f", len(indices), name,
-                        held_out[name])
+        held_out = held_out_success({"start": model, "sync": sync["model"], "async": asynchronous["model"]}, args)
     (workdir / "summary.json").write_text(json.dumps({**results, "held_out_success": held_out}, indent=2))
     speedup = sync["train_s"] / asynchronous["train_s"]
     # Step 1 holds each run's first generations (model warm-up, prefix caches, env sessions): also compare without.
