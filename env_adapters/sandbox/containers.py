@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -46,11 +47,13 @@ class Limits:
         memory: Memory limit (swap included), e.g. ``512m``.
         cpus: CPU quota in cores.
         pids: Maximum number of processes (stops fork bombs).
-        disk: Writable space (Docker units, ``None``: unbounded). Docker's overlay2 driver can bound a
-            container's writable layer only on xfs with project quotas (``--storage-opt size``), so this is
-            enforced as the size limit of any one file (``RLIMIT_FSIZE``: writing past it fails) and checked
-            for the whole writable layer by :meth:`ContainerPool.writable_bytes` (the OS task ends a session
-            past it).
+        disk: Writable space (Docker units, ``None``: unbounded): what the container may write on top of its
+            image, anywhere in its file system. Bounded by the daemon (``--storage-opt size``) where its storage
+            can: overlay2 on xfs with project quotas, or btrfs with simple quotas (``scripts/setup.sh`` starts
+            such a daemon; with btrfs's full quotas the image counts too); a write past it then fails ("Disk
+            quota exceeded" on btrfs, "No space left on device" on xfs). Elsewhere (overlay2 on ext4)
+            :class:`ContainerPool` warns once and falls back to a size limit of any one file (``RLIMIT_FSIZE``)
+            and a check of the whole writable layer after the fact (:meth:`ContainerPool.over_disk_limit`).
         nofile: Open-file limit (soft and hard) of every process; ``None``: the Docker daemon's own limit. Upstream
             ran under Docker's classic ``LimitNOFILE=infinity`` (1048576); a daemon without CAP_SYS_RESOURCE
             cannot raise its containers above its own hard limit, so the default leaves it alone.
@@ -97,6 +100,9 @@ def owner_alive(owner: str) -> bool | None:
 class ContainerPool:
     """Starts, hands out and removes the containers of one process, keeping ``size`` idle ones per image.
 
+    The first container tells whether the daemon can bound the writable space (:attr:`disk_bounded`, see
+    :attr:`Limits.disk`): it is started with ``storage_opt`` and, if the daemon refuses that, without.
+
     Args:
         client: Docker client (default: from the environment).
         limits: Isolation of every container.
@@ -117,6 +123,9 @@ class ContainerPool:
         self._refills: dict[str, asyncio.Task] = {}
         self._creating: set[asyncio.Task] = set()  # container starts in flight (threads outlive cancellation)
         self._reaper: asyncio.Task | None = None
+        # Whether the daemon bounds the writable space: None until the first container with a disk limit starts.
+        self.disk_bounded: bool | None = None
+        self._disk_probe = threading.Lock()
 
     async def start(self) -> None:
         """Reap leftovers (e.g. of a crashed predecessor) and start the periodic reaper."""
@@ -204,36 +213,65 @@ class ContainerPool:
         # Registered before it exists, so that a concurrent reaper run never takes it for an orphan.
         self._live.add(name)
         try:
-            return self.client.containers.run(
-                image,
-                ["sleep", "infinity"],
-                name=name,
-                detach=True,
-                init=True,  # reaps the zombies of background jobs
-                network_mode=self.limits.network,
-                mem_limit=self.limits.memory,
-                memswap_limit=self.limits.memory,
-                nano_cpus=int(self.limits.cpus * 1e9),
-                pids_limit=self.limits.pids,
-                ulimits=self._ulimits(),
-                labels={LABEL_SANDBOX: "1", LABEL_OWNER: self.owner, LABEL_IMAGE: image},
-            )
+            if self.disk_bounded is None and self.limits.disk is not None:
+                with self._disk_probe:  # one probe: the others wait for its answer
+                    if self.disk_bounded is None:
+                        return self._probe_disk_bound(image, name)
+            return self._run(image, name, bool(self.disk_bounded))
         except BaseException:
             self._live.discard(name)
             with contextlib.suppress(docker.errors.DockerException):
                 self.client.containers.get(name).remove(force=True)
             raise
 
+    def _probe_disk_bound(self, image: str, name: str) -> Container:
+        """Start the first container with the daemon's bound on its writable space, else without it (warned)."""
+        try:
+            container = self._run(image, name, bounded=True)
+        except docker.errors.APIError as refused:  # the daemon cannot (a failed create leaves no container)
+            container = self._run(image, name, bounded=False)  # raises if it failed for another reason
+            logger.warning("the Docker daemon cannot bound a container's writable space (%s): the disk limit %s "
+                           "holds only per file, and the whole writable layer is checked after each command. "
+                           "scripts/setup.sh starts a daemon that can (its data on xfs or btrfs with quotas).",
+                           refused.explanation or refused, self.limits.disk)
+            self.disk_bounded = False
+            return container
+        self.disk_bounded = True
+        return container
+
+    def _run(self, image: str, name: str, bounded: bool) -> Container:
+        """Start a container; ``bounded``: the daemon bounds its writable space (else the per-file limit)."""
+        return self.client.containers.run(
+            image,
+            ["sleep", "infinity"],
+            name=name,
+            detach=True,
+            init=True,  # reaps the zombies of background jobs
+            network_mode=self.limits.network,
+            mem_limit=self.limits.memory,
+            memswap_limit=self.limits.memory,
+            nano_cpus=int(self.limits.cpus * 1e9),
+            pids_limit=self.limits.pids,
+            ulimits=self._ulimits(bounded),
+            storage_opt={"size": self.limits.disk} if bounded else None,
+            labels={LABEL_SANDBOX: "1", LABEL_OWNER: self.owner, LABEL_IMAGE: image},
+        )
+
     def writable_bytes(self, container: Container) -> int:
         """Bytes in the container's writable layer (what it wrote to its file system)."""
         info = self.client.api.containers(all=True, filters={"id": container.id}, size=True)
         return int(info[0].get("SizeRw") or 0) if info else 0
 
-    def _ulimits(self) -> list[Ulimit]:
+    def over_disk_limit(self, container: Container) -> bool:
+        """Whether the container wrote more than the disk limit; never where the daemon bounds it."""
+        limit = self.limits.disk_bytes
+        return limit is not None and self.disk_bounded is False and self.writable_bytes(container) > limit
+
+    def _ulimits(self, disk_bounded: bool) -> list[Ulimit]:
         limits = []
         if self.limits.nofile is not None:
             limits.append(Ulimit(name="nofile", soft=self.limits.nofile, hard=self.limits.nofile))
-        if self.limits.disk is not None:
+        if self.limits.disk is not None and not disk_bounded:
             limits.append(Ulimit(name="fsize", soft=self.limits.disk_bytes, hard=self.limits.disk_bytes))
         return limits
 

@@ -13,8 +13,9 @@ a null link standing for the item's ``example`` script; every link must exit wit
 
 Statuses: ``completed`` after an answer or finish (reward 1.0 when correct, else 0.0); ``task limit reached``
 after ``max_rounds`` assistant messages without one; ``agent invalid action`` for a message without a valid
-tool call, or when the agent's commands made the container unusable (e.g. a fork bomb at the pids limit) or
-wrote more than the disk limit. The metrics carry ``score`` (the reward; upstream clients report it as
+tool call, or when the agent's commands made the container unusable (e.g. a fork bomb at the pids limit) or,
+where the Docker daemon cannot bound a container's disk, wrote more than the disk limit (where it can, a write
+past the limit fails and the session goes on). The metrics carry ``score`` (the reward; upstream clients report it as
 ``metric_score``).
 """
 
@@ -142,7 +143,7 @@ class OSSession(Session):
                                                     "the task is over]"))
                     return StepResult(replies, SampleStatus.AGENT_INVALID_ACTION, 0.0,
                                       self._metrics(sandbox_broken=1))
-                if await self._over_disk_limit():
+                if await self.task.call(self.task.pool.over_disk_limit, self.container):
                     replies[-1]["content"] += (f"\n[the machine's disk limit ({self.task.limits.disk}) is exceeded; "
                                                "the task is over]")
                     return StepResult(replies, SampleStatus.AGENT_INVALID_ACTION, 0.0,
@@ -169,10 +170,6 @@ class OSSession(Session):
         self.command_seconds += result.seconds
         self.timeouts += int(result.timed_out)
         return format_output(result, self.task.output_limit, self.task.command_timeout)
-
-    async def _over_disk_limit(self) -> bool:
-        limit = self.task.limits.disk_bytes
-        return limit is not None and await self.task.call(self.task.pool.writable_bytes, self.container) > limit
 
     def _exec(self, script: Script, *args: str) -> ProcessResult:
         """Run ``script`` in a fresh process of the container (not in the agent's shell), as upstream does."""
@@ -240,9 +237,9 @@ class OSTask(Task):
         cpus: CPU quota per container, in cores (upstream's: 2).
         pids: Process limit per container.
         network: Docker network mode of the containers (``none``: loopback only).
-        disk: Writable space per container (Docker units; ``None``: unbounded): no file may grow past it, and a
-            session whose container holds more ends after that command (see :class:`~env_adapters.sandbox.
-            containers.Limits`).
+        disk: Writable space per container (Docker units; ``None``: unbounded): a write past it fails where the
+            Docker daemon can bound it; elsewhere no file may grow past it, and a session whose container holds
+            more ends after that command (see :class:`~env_adapters.sandbox.containers.Limits`).
         nofile: Open-file limit inside the containers (``None``: the Docker daemon's).
         reap_interval: Seconds between reaper runs (removes containers of ended sessions and dead workers).
         threads: Threads for blocking Docker calls (at least the worker's concurrency).

@@ -109,8 +109,30 @@ async def test_open_file_limit_is_the_daemons_unless_set(play, task):
     assert out == plain.decode()
 
 
-async def test_writing_past_the_disk_limit_fails(play, task):
+async def test_a_write_past_the_disk_limit_fails_and_the_sessions_go_on(play, task):
     session, _ = await play({"evaluation": {"match": "1"}})
+    if not task.pool.disk_bounded:
+        pytest.skip("this Docker daemon cannot bound a container's writable space (scripts/setup.sh starts one "
+                    "that can): the fallback is tested instead")
+    other, _ = await play({"evaluation": {"match": "1"}})
+    # 5 GiB asked for: the write fails at the limit, the agent sees why, and the session goes on.
+    result, out = await bash(session, "dd if=/dev/zero of=/root/big bs=1M count=5120 2>&1; "
+                                      "echo status=${PIPESTATUS[0]}; du -m /root/big")
+    assert result.status is SampleStatus.RUNNING and "status=1" in out, out
+    assert "Disk quota exceeded" in out or "No space left on device" in out
+    assert 40 <= int(out.split()[-2]) <= 48  # MiB (DISK): the file took the space, and nothing more was written
+    _, out = await bash(other, "head -c 8M /dev/zero > /root/mine && echo written")
+    assert out == "written\n"  # the other session's space is its own
+    _, out = await bash(session, "rm /root/big; sync; echo 1 > /root/n && cat /root/n")
+    assert out == "1\n"
+    result = await session.step(tool_call_message("answer_action", answer="1"))
+    assert (result.status, result.reward) == (SampleStatus.COMPLETED, 1.0)
+
+
+async def test_without_the_daemons_bound_writing_past_the_disk_limit_fails(play, task):
+    session, _ = await play({"evaluation": {"match": "1"}})
+    if task.pool.disk_bounded:
+        pytest.skip("this Docker daemon bounds a container's writable space: the fallback is not used")
     result, out = await bash(session, "dd if=/dev/zero of=/root/big bs=1M count=64 2>&1; echo status=$?; "
                                       "du -m /root/big")
     assert "status=153" in out and "File size limit exceeded" in out  # SIGXFSZ: stopped at the limit
