@@ -3,7 +3,8 @@
 # warm machine only checks and takes seconds.
 #   - Debian packages: docker.io, mariadb-server, debootstrap, bubblewrap, virtuoso-opensource
 #   - a virtual environment at .venv with CPU torch and this package (editable, all extras)
-#   - a Docker daemon without host networking, started if none answers (it stays running)
+#   - a Docker daemon without host networking, started if none answers (it stays running), its data in a file
+#     system of its own that bounds each container's writable space (see step 3)
 #   - the task container images (built once from Debian packages, cached by content hash; with --all also the
 #     OS task's `ubuntu` and `packages` flavours, else built on first use)
 #   - the tiny offline model and tokenizer used by tests and the demo (cached)
@@ -30,7 +31,7 @@ fail() { echo "[setup] FAILED: $1" >&2; echo "[setup] what to do: $2" >&2; exit 
 need_root() { [ "$(id -u)" = 0 ] || fail "$1 needs root" "re-run as root (sudo bash scripts/setup.sh)"; }
 
 # 1. Debian packages --------------------------------------------------------------------------------
-PKGS="docker.io mariadb-server debootstrap bubblewrap virtuoso-opensource"
+PKGS="docker.io mariadb-server debootstrap bubblewrap virtuoso-opensource xfsprogs btrfs-progs"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   need_root "installing Debian packages"
@@ -60,14 +61,64 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 # 3. Docker daemon ----------------------------------------------------------------------------------
+# A daemon started here keeps its data in a loop file (sparse; AGENTRL_DOCKER_DISK bytes, default half the free
+# space, at most 64G: all containers and images together never take more of the host) whose file system lets the
+# daemon bound each container's writable space (`--storage-opt size`, the os task's `disk`): xfs with project
+# quotas (overlay2), else btrfs with simple quotas (Linux 6.7+; they count what a container writes, not the image
+# it shares). Where the kernel offers neither, it keeps its data in /var/lib/docker and the os task falls back to a
+# per-file limit. `discard` gives the space of removed containers back to the host.
+DOCKER_IMG=/var/lib/agentrl-docker.img
+DOCKER_ROOT=/var/lib/agentrl-docker
+
+# Mount the data file system (made on first use); print its storage driver, nothing if the kernel bounds neither.
+docker_storage() {
+  mkdir -p "$DOCKER_ROOT"
+  if ! mountpoint -q "$DOCKER_ROOT" && [ -e "$DOCKER_IMG" ]; then
+    case "$(blkid -o value -s TYPE "$DOCKER_IMG")" in
+      xfs) mount -o loop,pquota,discard "$DOCKER_IMG" "$DOCKER_ROOT" ;;
+      btrfs) mount -o loop,discard=async "$DOCKER_IMG" "$DOCKER_ROOT" ;;
+    esac
+  elif ! mountpoint -q "$DOCKER_ROOT"; then
+    local free max=$((64 << 30))
+    free=$(df --output=avail -B1 "$(dirname "$DOCKER_IMG")" | tail -1)
+    truncate -s "${AGENTRL_DOCKER_DISK:-$((free / 2 < max ? free / 2 : max))}" "$DOCKER_IMG"
+    if ! { mkfs.xfs -q -f "$DOCKER_IMG" && mount -o loop,pquota,discard "$DOCKER_IMG" "$DOCKER_ROOT"; } 2>/dev/null; then
+      # BTRFS_IOC_QUOTA_CTL with BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (4): btrfs-progs before 6.7 cannot ask for it.
+      { mkfs.btrfs -q -f "$DOCKER_IMG" && mount -o loop,discard=async "$DOCKER_IMG" "$DOCKER_ROOT" \
+        && "$PY" -c 'import fcntl, os, struct, sys
+fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0xC0109428, struct.pack("QQ", 4, 0))' "$DOCKER_ROOT"; } \
+        >/dev/null 2>&1 || { umount "$DOCKER_ROOT" 2>/dev/null; rm -f "$DOCKER_IMG"; }
+    fi
+  fi
+  mountpoint -q "$DOCKER_ROOT" || return 0
+  case "$(findmnt -n -o FSTYPE "$DOCKER_ROOT")" in
+    xfs) echo overlay2 ;;
+    btrfs) echo btrfs ;;
+  esac
+}
+
 if ! docker info >/dev/null 2>&1; then
   need_root "starting dockerd"
-  step "starting dockerd (no bridge, no iptables: containers get loopback only)"
   mkdir -p "$ROOT/.cache"
-  setsid nohup dockerd --iptables=false --ip-forward=false --ip-masq=false --bridge=none \
+  driver=$(docker_storage)
+  if [ -n "$driver" ]; then
+    storage=(--data-root "$DOCKER_ROOT" --storage-driver "$driver")
+    step "starting dockerd (no bridge, no iptables: containers get loopback only; $driver on $DOCKER_IMG)"
+  else
+    storage=()
+    step "starting dockerd (no bridge, no iptables); note: this kernel bounds containers' disk on neither xfs" \
+      "nor btrfs: the os task falls back to a per-file limit"
+  fi
+  setsid nohup dockerd --iptables=false --ip-forward=false --ip-masq=false --bridge=none "${storage[@]}" \
     >"$ROOT/.cache/dockerd.log" 2>&1 < /dev/null &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || fail "dockerd did not come up" "see .cache/dockerd.log"
+else
+  case "$(docker info --format '{{.Driver}} {{.DriverStatus}}' 2>/dev/null)" in
+    btrfs*|*"Backing Filesystem xfs"*) ;;
+    *) step "note: the running Docker daemon cannot bound each os-task container's disk (its storage is not xfs" \
+         "or btrfs): the os task falls back to a per-file limit. Stop it and re-run this script for the bound." ;;
+  esac
 fi
 
 # 4. Task images and the tiny model (both cached; they log what they build) -------------------------
