@@ -338,6 +338,10 @@ class Worker:
         if not (index == -1 and custom_task is not None) and index not in self._index_set:
             raise HTTPError(400, f"index {index!r} is not served by task {self.name!r} (see get_indices); "
                                  "use index -1 with a custom_task")
+        try:  # as for messages (see _checked_step): no text that is not valid Unicode reaches task code
+            orjson.dumps(custom_task)
+        except orjson.JSONEncodeError as e:
+            raise HTTPError(400, f"'custom_task' cannot be read: {e}") from e
         slot = self._slots[sid] = _Slot(sid, index)  # taken before any await: capacity holds under concurrency
 
         async def open_and_reset() -> StepResult:

@@ -164,12 +164,11 @@ class PersistentShell:
         Raises:
             ShellBroken: Not even a fresh shell can be started (e.g. the pids limit is exhausted).
         """
-        # A lone surrogate (from JSON "\ud800") has no UTF-8 form: bash gets U+FFFD's bytes instead.
-        data = command.encode(errors="replace")
         if raw:
-            line = data.decode() + "\n"
+            line = command + "\n"
         else:
-            line = f'{{ eval "$(printf %s {base64.b64encode(data).decode()} | base64 -d)"; }} </dev/null 2>&1\n'
+            encoded = base64.b64encode(command.encode()).decode()
+            line = f'{{ eval "$(printf %s {encoded} | base64 -d)"; }} </dev/null 2>&1\n'
         start, exited = time.monotonic(), False
         try:
             self._send(line + self._sentinel_line())
@@ -325,12 +324,11 @@ def exec_bounded(api: docker.APIClient, container_id: str, argv: list[str], *, k
 
     Output past ``keep_bytes`` is not read: the process group is killed instead, so a script that prints
     without end costs neither memory nor time. ``timeout`` seconds bound the process (GNU ``timeout``; its
-    exit status 124 when it fires). Arguments are passed as they are; a lone surrogate in one is replaced.
+    exit status 124 when it fires). Arguments are passed as they are.
 
     Raises:
         docker.errors.APIError: The container is gone or cannot start a process.
     """
-    argv = [a.encode(errors="replace").decode() for a in argv]
     exec_id = api.exec_create(container_id, ["sh", "-c", _BOUNDED, f"{timeout:g}", *argv])["Id"]
     # Demultiplexed: Docker forwards stdout and stderr independently, so stderr may overtake the pid line.
     head, kept, pid, truncated, killed = bytearray(), bytearray(), None, False, False

@@ -104,6 +104,14 @@ async def test_bad_requests_are_clear_4xx(worker):
         assert r.status == 413
 
 
+async def test_a_custom_task_that_is_not_valid_unicode_is_refused(worker):
+    # JSON may escape a lone surrogate; no task code gets such text (a shell or a database could not take it).
+    body = b'{"index": -1, "session_id": 1, "custom_task": {"description": "x", "create": {"init": "echo \\ud800"}}}'
+    async with worker.http.post(f"{worker.address}/start_sample", data=body) as r:
+        assert r.status == 400 and "'custom_task' cannot be read" in (await r.json())["detail"]
+    assert (await start(worker, 1))[0] == 200  # the slot was never taken
+
+
 async def test_info_routes(worker):
     async with worker.http.get(f"{worker.address}/get_indices") as r:
         assert (await r.json())[:3] == [0, 1, 2]
