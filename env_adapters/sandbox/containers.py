@@ -122,6 +122,7 @@ class ContainerPool:
         self._live: set[str] = set()  # names of every container this pool started and has not removed
         self._refills: dict[str, asyncio.Task] = {}
         self._creating: set[asyncio.Task] = set()  # container starts in flight (threads outlive cancellation)
+        self._removing: set[asyncio.Future] = set()  # removals in flight (see release)
         self._reaper: asyncio.Task | None = None
         # Whether the daemon bounds the writable space: None until the first container with a disk limit starts.
         self.disk_bounded: bool | None = None
@@ -148,8 +149,18 @@ class ContainerPool:
         return container
 
     async def release(self, container: Container) -> None:
-        """Remove a container handed out by :meth:`acquire` (containers are never reused across sessions)."""
-        await asyncio.to_thread(self._remove, container.name)
+        """Remove a container handed out by :meth:`acquire` (containers are never reused across sessions).
+
+        The removal runs in the background (:meth:`close` waits for it): on btrfs the daemon walks the container's
+        whole tree to remove it, seconds that the session's last answer need not wait for.
+        """
+        removal = asyncio.ensure_future(asyncio.to_thread(self._remove, container.name))
+        self._removing.add(removal)
+        removal.add_done_callback(self._removed)
+
+    async def removals(self) -> None:
+        """Wait until the containers released so far are removed (or their removal failed: the reaper retries)."""
+        await asyncio.gather(*self._removing, return_exceptions=True)
 
     async def close(self) -> None:
         """Stop refilling and reaping; remove every container this pool started."""
@@ -161,6 +172,7 @@ class ContainerPool:
                 await task
         # A cancelled start still finishes in its thread: wait for it, so that the reap below sees its container.
         await asyncio.gather(*self._creating, return_exceptions=True)
+        await self.removals()
         self._idle.clear()
         await asyncio.to_thread(self.reap, True)
 
@@ -200,6 +212,11 @@ class ContainerPool:
                 await asyncio.to_thread(self.reap)
             except docker.errors.DockerException as e:
                 logger.warning("reaper run failed: %s", e)
+
+    def _removed(self, removal: asyncio.Future) -> None:
+        self._removing.discard(removal)
+        if not removal.cancelled() and removal.exception() is not None:  # the reaper retries it
+            logger.warning("could not remove a container: %s", removal.exception())
 
     async def _create_async(self, image: str) -> Container:
         task = asyncio.ensure_future(asyncio.to_thread(self._create, image))

@@ -67,7 +67,8 @@ async def test_containers_are_isolated_and_labelled(pool, os_image):
     assert code != 0
     code, out = container.exec_run(["bash", "-c", "ulimit -Sn; ulimit -Hn"])
     assert out == b"4096\n4096\n"
-    await pool.release(container)
+    await pool.release(container)  # removed in the background
+    await pool.removals()
     assert not _exists(pool.client, container.name)
 
 

@@ -157,6 +157,7 @@ async def test_hostile_commands_stay_inside_their_session(task, open_session):
     for session in (bomb, wrecked):
         await session.close()
         session.container, session.shell = None, None  # closed here already
+    await task.pool.removals()
     for name in containers:
         with pytest.raises(docker.errors.NotFound):
             task.client.containers.get(name)
