@@ -207,8 +207,8 @@ def to_sparql(program: Program) -> str:
 def relations_query(program: Program) -> str:
     """The predicates leaving any member of ``program`` (upstream's ``get_relations``/``get_attributes`` query).
 
-    One flat pattern, not the answers' SELECT as a sub-query: Virtuoso compiles it in about two thirds of the time,
-    and a literal (the language filter's concern) has no predicates anyway.
+    One flat pattern, not the answers' SELECT as a sub-query: Virtuoso spends about a fifth less time on it (less to
+    compile), and a literal (the language filter's concern) has no predicates anyway.
     """
     if isinstance(program, str) and ENTITY.match(program):
         return f"SELECT DISTINCT ?rel WHERE {{ {iri(program)} ?rel ?obj . }}"
