@@ -9,19 +9,24 @@
   stopped with the worker.
 
 Each backend answers :meth:`SparqlBackend.select` with the values of a one-column SELECT, written as upstream's
-executor writes them: Freebase IRIs without their namespace, literals by their lexical form.
+executor writes them: Freebase IRIs without their namespace, literals by their lexical form. The graph never
+changes while the task runs, so answers are remembered (an LRU of ``cache_size`` queries shared by all sessions) and
+identical queries in flight at once are sent once: the rollouts of one question (``rollout.n`` of them) ask the same
+first queries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlencode
 
-from env_adapters.http import HTTPClient
+from env_adapters.http import ClientError, HTTPClient
 from env_adapters.sandbox.servers import OwnedServer, die_with_parent, free_port, reap_stale_folders, stop_at_exit
 from env_adapters.tasks.kg.sexpr import FB
 
@@ -40,15 +45,52 @@ def freebase_value(value: str) -> str:
 
 
 class SparqlBackend(ABC):
-    """Runs read-only SELECT queries."""
+    """Runs read-only SELECT queries, remembering the answers of the last ``cache_size`` distinct ones.
 
-    @abstractmethod
+    Args:
+        cache_size: Queries whose answers are kept (least recently used dropped first); 0 keeps none.
+    """
+
+    def __init__(self, cache_size: int = 0) -> None:
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._running: dict[str, asyncio.Task[list[str]]] = {}
+        self.hits = self.misses = 0
+
     async def select(self, query: str) -> list[str]:
         """The values of the query's single projected variable, one per solution (unbound ones skipped).
 
         Raises:
             BackendError: the store could not answer.
         """
+        if not self.cache_size:
+            return await self._select(query)
+        cached = self._cache.get(query)
+        if cached is not None:
+            self._cache.move_to_end(query)
+            self.hits += 1
+            return list(cached)
+        running = self._running.get(query)
+        if running is None:
+            self.misses += 1
+            running = self._running[query] = asyncio.ensure_future(self._select(query))
+            running.add_done_callback(lambda done: self._store(query, done))
+        else:
+            self.hits += 1
+        # Shielded: a caller cancelled (its session ended) does not cancel the query for the others waiting on it.
+        return list(await asyncio.shield(running))
+
+    def _store(self, query: str, done: asyncio.Task[list[str]]) -> None:
+        del self._running[query]
+        if done.cancelled() or done.exception() is not None:  # failures are not remembered: the next call retries
+            return
+        self._cache[query] = tuple(done.result())
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    @abstractmethod
+    async def _select(self, query: str) -> list[str]:
+        """Run the query on the store (see :meth:`select`)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
@@ -59,18 +101,20 @@ class EmbeddedBackend(SparqlBackend):
 
     Args:
         ntriples: N-Triples text, or the path of an ``.nt`` file.
+        cache_size: See :class:`SparqlBackend`.
     """
 
-    def __init__(self, ntriples: str | bytes | Path) -> None:
+    def __init__(self, ntriples: str | bytes | Path, cache_size: int = 0) -> None:
         import pyoxigraph
 
+        super().__init__(cache_size)
         self.store = pyoxigraph.Store()
         if isinstance(ntriples, Path):
             self.store.bulk_load(path=str(ntriples), format=pyoxigraph.RdfFormat.N_TRIPLES)
         else:
             self.store.bulk_load(ntriples, format=pyoxigraph.RdfFormat.N_TRIPLES)
 
-    async def select(self, query: str) -> list[str]:
+    async def _select(self, query: str) -> list[str]:
         # Sub-millisecond on the task's graphs: cheaper inline than a hop to a thread.
         try:
             return [freebase_value(row[0].value) for row in self.store.query(query) if row[0] is not None]
@@ -88,18 +132,20 @@ class EndpointBackend(SparqlBackend):
         url: The endpoint, e.g. ``http://127.0.0.1:8890/sparql``.
         timeout: Seconds per query.
         max_connections: Queries in flight at once.
+        cache_size: See :class:`SparqlBackend`.
     """
 
-    def __init__(self, url: str, timeout: float = 60.0, max_connections: int = 32) -> None:
+    def __init__(self, url: str, timeout: float = 60.0, max_connections: int = 32, cache_size: int = 0) -> None:
+        super().__init__(cache_size)
         if not url.startswith("http://"):
             raise ValueError(f"kg: sparql_url must be an http:// SPARQL endpoint, got {url!r}")
         self.url = url
         self.http = HTTPClient(headers={"Accept": SPARQL_JSON}, timeout=timeout, max_connections=max_connections)
 
-    async def select(self, query: str) -> list[str]:
+    async def _select(self, query: str) -> list[str]:
         try:
             reply = await self.http.request("GET", f"{self.url}?{urlencode({'query': query})}")
-        except (OSError, TimeoutError) as e:
+        except (ClientError, OSError, TimeoutError) as e:
             raise BackendError(f"SPARQL endpoint {self.url} unreachable: {e}") from e
         if reply.status != 200:
             raise BackendError(f"SPARQL endpoint {self.url} answered {reply.status}: "
@@ -115,6 +161,10 @@ class EndpointBackend(SparqlBackend):
 # ---- a private Virtuoso server -------------------------------------------------------------------------------
 
 VIRTUOSO_PREFIX = "agentrl-virtuoso-"
+# Tuned for many small queries, each run once: every query zeroes buffers of VectorSize rows per operator (Virtuoso's
+# default of 10,000 made memset a fifth of the server's time per tool call; AdjustVectorSize grows them again for a
+# query that reads many rows), and the SQL optimiser stops searching for plans once it has spent the best plan's
+# estimated run time (StopCompilerWhenXOverRunTime; compiling is most of a cold query's cost).
 _INI = """\
 [Database]
 DatabaseFile = {d}/virtuoso.db
@@ -133,6 +183,9 @@ NumberOfBuffers = {buffers}
 MaxDirtyBuffers = {dirty}
 CheckpointInterval = 0
 ThreadsPerQuery = 1
+VectorSize = 64
+AdjustVectorSize = 1
+StopCompilerWhenXOverRunTime = 1
 [HTTPServer]
 ServerPort = 127.0.0.1:{http_port}
 ServerRoot = {d}

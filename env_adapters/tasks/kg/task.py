@@ -195,12 +195,14 @@ class KGTask(Task):
         max_rounds: Assistant messages per episode (upstream: 15).
         prompt: ``upstream`` (upstream's rules) or ``short`` (one line, for tiny models).
         virtuoso_memory_mb: Page buffers of the Virtuoso server.
+        query_cache: Distinct queries whose answers the task remembers for all its sessions (the graph does not
+            change while it runs); 0 sends every query to the store.
     """
 
     def __init__(self, backend: str = "embedded", sparql_url: str | None = None, data: str | None = None,
                  ontology: str | None = None, graph: str | None = None, preset: str = "standard", seed: int = 0,
                  size: int = 1000, max_rounds: int = 15, prompt: str = "upstream", virtuoso_memory_mb: int = 256,
-                 **knobs: Any) -> None:
+                 query_cache: int = 10000, **knobs: Any) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"kg: backend must be one of {list(BACKENDS)}, got {backend!r}")
         if (backend == "endpoint") != (sparql_url is not None):
@@ -209,11 +211,13 @@ class KGTask(Task):
             raise ValueError(f"kg: prompt must be one of {sorted(PROMPTS)}, got {prompt!r}")
         if max_rounds < 1 or size < 1:
             raise ValueError(f"kg: max_rounds and size must be >= 1, got {max_rounds} and {size}")
+        if query_cache < 0:
+            raise ValueError(f"kg: query_cache must be >= 0, got {query_cache}")
         unknown = set(knobs) - {"entities_per_type", "types", "distractors", "max_hops", "templates"}
         if unknown:
             raise TypeError(f"kg: unknown option(s) {sorted(unknown)}")
         self.backend_name, self.sparql_url, self.max_rounds = backend, sparql_url, max_rounds
-        self.prompt, self.virtuoso_memory_mb = PROMPTS[prompt], virtuoso_memory_mb
+        self.prompt, self.virtuoso_memory_mb, self.query_cache = PROMPTS[prompt], virtuoso_memory_mb, query_cache
         self.graph_path = Path(graph) if graph else None
         self.ntriples: str | None = None
         if data is None:
@@ -247,9 +251,9 @@ class KGTask(Task):
     async def setup(self) -> None:
         source = self.graph_path or self.ntriples
         if self.backend_name == "embedded":
-            self.backend = EmbeddedBackend(source)
+            self.backend = EmbeddedBackend(source, cache_size=self.query_cache)
         elif self.backend_name == "endpoint":
-            self.backend = EndpointBackend(self.sparql_url)
+            self.backend = EndpointBackend(self.sparql_url, cache_size=self.query_cache)
         else:
             # Started on the event-loop thread, which lives as long as the task (parent-death signal).
             load_dirs = (self.graph_path.resolve().parent,) if self.graph_path else ()
@@ -259,7 +263,7 @@ class KGTask(Task):
                 path = self.server.folder / "graph.nt"
                 path.write_text(self.ntriples)
             self.server.load(path)
-            self.backend = EndpointBackend(self.server.url)
+            self.backend = EndpointBackend(self.server.url, cache_size=self.query_cache)
 
     async def teardown(self) -> None:
         backend, self.backend = self.backend, None

@@ -1,0 +1,76 @@
+"""The kg backends' shared answer cache (hits, one query for identical ones in flight, LRU, failures and
+cancellations not remembered) and the endpoint backend's error for an unreachable store."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from env_adapters.sandbox.servers import free_port
+from env_adapters.tasks.kg.backends import BackendError, EndpointBackend, SparqlBackend
+
+
+class Store(SparqlBackend):
+    """Answers ``[query.upper()]`` once ``gate`` is open, or fails for the queries in ``failing``."""
+
+    def __init__(self, cache_size: int) -> None:
+        super().__init__(cache_size)
+        self.sent: list[str] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.failing: set[str] = set()
+
+    async def _select(self, query: str) -> list[str]:
+        self.sent.append(query)
+        await self.gate.wait()
+        if query in self.failing:
+            raise BackendError(f"{query} failed")
+        return [query.upper()]
+
+
+async def test_answers_are_remembered_least_recently_used_first_out():
+    store = Store(cache_size=2)
+    for query in ("a", "b", "a", "c", "a", "b"):
+        assert await store.select(query) == [query.upper()]
+    assert store.sent == ["a", "b", "c", "b"]  # c pushed out b, the least recently used
+    assert (store.hits, store.misses) == (2, 4)
+    answer = await store.select("a")
+    answer.append("mine")  # each caller gets its own list
+    assert await store.select("a") == ["A"]
+    uncached = Store(cache_size=0)
+    for query in ("a", "a"):
+        assert await uncached.select(query) == ["A"]
+    assert uncached.sent == ["a", "a"]
+
+
+async def test_identical_queries_in_flight_are_sent_once():
+    store = Store(cache_size=10)
+    store.gate.clear()
+    callers = [asyncio.ensure_future(store.select("q")) for _ in range(8)]
+    await asyncio.sleep(0)
+    callers[0].cancel()  # one rollout ends early: the others still get the answer
+    store.gate.set()
+    assert await asyncio.gather(*callers[1:]) == [["Q"]] * 7
+    assert callers[0].cancelled() and store.sent == ["q"]
+    assert await store.select("q") == ["Q"] and store.sent == ["q"]
+
+
+async def test_failures_are_not_remembered():
+    store = Store(cache_size=10)
+    store.failing.add("q")
+    store.gate.clear()
+    callers = [asyncio.ensure_future(store.select("q")) for _ in range(2)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    for outcome in await asyncio.gather(*callers, return_exceptions=True):
+        assert isinstance(outcome, BackendError)
+    store.failing.clear()
+    assert await store.select("q") == ["Q"] and store.sent == ["q", "q"]
+
+
+async def test_unreachable_endpoint_is_a_backend_error():
+    backend = EndpointBackend(f"http://127.0.0.1:{free_port()}/sparql", timeout=5)
+    with pytest.raises(BackendError, match="unreachable"):
+        await backend.select("SELECT ?x WHERE { ?x ?p ?o }")
+    await backend.close()
