@@ -54,7 +54,10 @@ async def play_all(url: str, indices, choose_for) -> dict[int, tuple[SampleStatu
 
     async def one(env, index):
         async with gate:
-            results[index] = await play(env, index, choose_for(index))
+            # The policy is made before the session starts: the expert plans its game first (seconds of CPU), so that
+            # no session idles while it plans.
+            choose = await asyncio.to_thread(choose_for, index)
+            results[index] = await play(env, index, choose)
 
     async with EnvClient(url) as env:
         await asyncio.gather(*(one(env, i) for i in indices))
@@ -63,6 +66,7 @@ async def play_all(url: str, indices, choose_for) -> dict[int, tuple[SampleStatu
 
 def expert_policy(task: ALFWorldTask):
     def choose_for(index):
+        task.walkthrough(index)  # plans (cached): the episode then only replays it
         return lambda messages: expert(task, index, messages)
 
     return choose_for
