@@ -29,6 +29,7 @@ success of each arm with their standard errors over seeds, the paired difference
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -37,8 +38,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="one sync/async pair per seed (data order, sampling, training calc problems)")
     parser.add_argument("--parallel", type=int, default=1, help="pairs run at once, each in its own process")
+    parser.add_argument("--arms-at-once", action="store_true",
+                        help="run each pair's sync and async run at the same time (for machines with idle cores: "
+                             "where the CPU is saturated they slow each other and the speedup is not measured)")
     parser.add_argument("--model", default=None,
                         help="model directory used as is (default: the tiny offline model after the demo's supervised "
                              "warm-up on calc, cached, so that rewards can move)")
@@ -228,11 +234,13 @@ def cold_started_model() -> Path:
     return target
 
 
-def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path,
-                 env_url: str) -> dict[str, Any]:
+def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
+                 stop: threading.Event | None = None) -> dict[str, Any]:
     """One ``main_ppo`` run (``mode``: ``sync`` or ``async``), logging each step as it ends; returns its per-step
-    metrics, process wall time and final model (its HF export)."""
+    metrics, process wall time and final model (its HF export). Setting ``stop`` ends the run (with an error)."""
     metrics_path = workdir / f"{mode}.jsonl"
+    rundir = workdir / mode  # Hydra's outputs/ of runs started in the same second would collide
+    rundir.mkdir(exist_ok=True)
     checkpoints = workdir / f"ckpt_{mode}"
     ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
     overrides = [
@@ -262,10 +270,12 @@ def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, 
     start = time.monotonic()
     seen = 0
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=rundir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             while (returncode := proc.poll()) is None:
+                if stop is not None and stop.is_set():
+                    raise RuntimeError(f"seed {seed}: the {mode} run was stopped (the other run failed, or the bench)")
                 if time.monotonic() - start > args.timeout_s:
                     raise RuntimeError(f"seed {seed}: the {mode} run timed out after {args.timeout_s}s; see {log_path}")
                 seen = _log_new_steps(metrics_path, seen, mode, seed, args.steps, time.monotonic() - start)
@@ -344,7 +354,7 @@ def pair_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     return {"steps": args.steps, "batch": args.batch, "n": args.n, "max_staleness": args.max_staleness,
             "stale_policy": args.stale_policy, "correction": args.correction,
             "latency": [args.latency_median_s, args.latency_sigma, args.latency_max_s], "overrides": args.override,
-            "model": model.name}
+            "arms_at_once": args.arms_at_once, "model": model.name}
 
 
 def saved_pair(workdir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -375,20 +385,34 @@ def write_pair(workdir: Path, record: dict[str, Any], runs: dict[str, Any], sett
 
 
 def train_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, dict[str, Any]]:
-    """The sync and the async run of one seed on a fresh environment stack: ``mode -> summarise(run)``."""
-    (workdir / "env_logs").mkdir(parents=True, exist_ok=True)
-    runs = {}
-    with EnvStack(stack_config(args, seed), log_dir=workdir / "env_logs") as stack:
+    """The sync and the async run of one seed, one after the other or (``--arms-at-once``) at the same time, each
+    against its own fresh environment stack (so both see the same calc latencies): ``mode -> summarise(run)``."""
+    with contextlib.ExitStack() as stacks:
+        urls = {}
+        for mode in MODES:
+            logs = workdir / "env_logs" / mode
+            logs.mkdir(parents=True, exist_ok=True)
+            urls[mode] = stacks.enter_context(EnvStack(stack_config(args, seed), log_dir=logs)).url
         rows = (args.steps + args.max_staleness + 2) * args.batch  # the async run admits up to K + 1 batches ahead
-        code = agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir),
+        code = agentrl_verl_cli(["make-data", "--controller", urls["sync"], "--out", str(workdir),
                                  "--train-size", str(rows), "--val-fraction", "0.1", "--seed", str(seed)])
         if code != 0:
             raise RuntimeError(f"make-data failed with exit code {code}")
-        for mode in MODES:
+
+        def train(mode: str, stop: threading.Event | None = None) -> dict[str, Any]:
             logger.info("seed %d: %s run (%d steps of %d x %d trajectories)", seed, mode, args.steps, args.batch,
                         args.n)
-            runs[mode] = summarise(run_training(mode, args, seed, workdir, model, stack.url))
-    return runs
+            return summarise(run_training(mode, args, seed, workdir, model, urls[mode], stop))
+
+        if not args.arms_at_once:
+            return {mode: train(mode) for mode in MODES}
+        stop = threading.Event()
+        with ThreadPoolExecutor(len(MODES)) as pool:
+            futures = {mode: pool.submit(train, mode, stop) for mode in MODES}
+            try:
+                return {mode: future.result() for mode, future in futures.items()}
+            finally:
+                stop.set()  # after an error or an interruption here, the other run ends too
 
 
 def run_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, Any]:
@@ -628,7 +652,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = (f"{args.steps} steps of {args.batch} groups x {args.n}, max_staleness {args.max_staleness} "
                 f"({args.stale_policy}), correction {args.correction}, calc latency lognormal median "
                 f"{args.latency_median_s}s sigma {args.latency_sigma} cap {args.latency_max_s}s, held-out "
-                f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}.")
+                f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}"
+                f"{', sync and async run at once' if args.arms_at_once else ''}.")
     (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "pairs": pairs}, indent=2))
     (workdir / "summary.md").write_text(summary_markdown(pairs, stats, settings))
     try:

@@ -283,3 +283,65 @@ def test_load_pairs_leaves_out_unfinished_seeds(tmp_path):
     assert [p["seed"] for p in pairs] == [1]
     with pytest.raises(FileNotFoundError):
         load_pairs({0: tmp_path / "seed_0"})
+
+
+class _Stack:
+    """An environment stack that starts nothing."""
+
+    def __init__(self, config, log_dir):
+        self.url = f"http://stack-{id(self)}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """train_pair without environment processes or verl: run_training is given per mode by the test."""
+    monkeypatch.setattr(async_vs_sync, "EnvStack", _Stack)
+    monkeypatch.setattr(async_vs_sync, "agentrl_verl_cli", lambda argv: 0)
+    behaviours = {}
+    urls = {}
+
+    def run_training(mode, args, seed, workdir, model, env_url, stop=None):
+        urls[mode] = env_url
+        return behaviours[mode](stop)
+
+    monkeypatch.setattr(async_vs_sync, "run_training", run_training)
+    return behaviours, urls
+
+
+def _finished(stop):
+    return {**_run([3.0, 2.0, 1.0], 8.0), "model": "/m"}
+
+
+def test_train_pair_gives_each_run_its_own_stack_in_both_layouts(tmp_path, fake_runs):
+    behaviours, urls = fake_runs
+    behaviours.update({"sync": _finished, "async": _finished})
+    for extra in ([], ["--arms-at-once"]):
+        runs = async_vs_sync.train_pair(_args(*extra), 0, tmp_path, tmp_path / "m")
+        assert set(runs) == {"sync", "async"} and runs["async"]["train_s"] == pytest.approx(5.0)
+        assert urls["sync"] != urls["async"]
+
+
+def test_train_pair_at_once_stops_the_other_run_when_one_fails(tmp_path, fake_runs):
+    import threading
+
+    behaviours, _ = fake_runs
+    stopped = threading.Event()
+
+    def failing(stop):
+        raise RuntimeError("sync run failed")
+
+    def waiting(stop):
+        assert stop.wait(timeout=10)  # set by train_pair once the other run has failed
+        stopped.set()
+        raise RuntimeError("stopped")
+
+    behaviours.update({"sync": failing, "async": waiting})
+    with pytest.raises(RuntimeError, match="sync run failed"):
+        async_vs_sync.train_pair(_args("--arms-at-once"), 0, tmp_path, tmp_path / "m")
+    assert stopped.is_set()
