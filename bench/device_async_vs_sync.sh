@@ -34,7 +34,9 @@ collect() {
     echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
 }
 trap collect EXIT
-echo "cpus $(nproc)"
+echo "cpus $(nproc --all)"
+# The load while it runs (are cores left idle? --arms-at-once assumes so), once a minute.
+(while uptime; do sleep 60; done > "$OUT/load.txt") &
 timeout --kill-after=10 "${BENCH_TIMEOUT_S:-560}" python3 -m bench.async_vs_sync --out "$WORK" "$@" 2>&1 \
   | tee "$OUT/bench.txt" | grep -E "cold start|seed [0-9]+: |step [0-9]+/|speedup|held.out|Error|error" | cut -c1-300
 echo "bench rc=${PIPESTATUS[0]}"
