@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -410,9 +410,12 @@ def train_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) 
         with ThreadPoolExecutor(len(MODES)) as pool:
             futures = {mode: pool.submit(train, mode, stop) for mode in MODES}
             try:
-                return {mode: future.result() for mode, future in futures.items()}
+                done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
             finally:
-                stop.set()  # after an error or an interruption here, the other run ends too
+                stop.set()  # a run failed or this thread was interrupted: the other run ends too
+            for future in done:
+                future.result()  # raises the first failure, rather than the other run's "stopped"
+            return {mode: future.result() for mode, future in futures.items()}
 
 
 def run_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, Any]:

@@ -327,21 +327,24 @@ def test_train_pair_gives_each_run_its_own_stack_in_both_layouts(tmp_path, fake_
         assert urls["sync"] != urls["async"]
 
 
-def test_train_pair_at_once_stops_the_other_run_when_one_fails(tmp_path, fake_runs):
+@pytest.mark.parametrize("failing_mode", ["sync", "async"])
+def test_train_pair_at_once_stops_the_other_run_when_one_fails(tmp_path, fake_runs, failing_mode):
     import threading
 
     behaviours, _ = fake_runs
     stopped = threading.Event()
 
     def failing(stop):
-        raise RuntimeError("sync run failed")
+        raise RuntimeError(f"{failing_mode} run failed")
 
     def waiting(stop):
-        assert stop.wait(timeout=10)  # set by train_pair once the other run has failed
+        if not stop.wait(timeout=10):  # set by train_pair once the other run has failed
+            return _finished(stop)
         stopped.set()
         raise RuntimeError("stopped")
 
-    behaviours.update({"sync": failing, "async": waiting})
-    with pytest.raises(RuntimeError, match="sync run failed"):
+    other = "async" if failing_mode == "sync" else "sync"
+    behaviours.update({failing_mode: failing, other: waiting})
+    with pytest.raises(RuntimeError, match=f"{failing_mode} run failed"):
         async_vs_sync.train_pair(_args("--arms-at-once"), 0, tmp_path, tmp_path / "m")
     assert stopped.is_set()
