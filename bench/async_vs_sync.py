@@ -68,7 +68,9 @@ CORRECTIONS = {
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=16, help="training steps of each run")
+    parser.add_argument("--steps", type=int, default=8,
+                        help="training steps of each run (the speedup grows with the steps: the first fills the "
+                             "pipeline; the README's figures use 20)")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
@@ -94,7 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", action="store_true",
                         help="run nothing: summarise the seeds' folders already under --out (a pair whose evaluation "
                              "did not finish counts for speed and training only)")
-    parser.add_argument("--eval-size", type=int, default=200,
+    parser.add_argument("--eval-size", type=int, default=100,
                         help="held-out calc episodes, sampled at the runs' temperature, the same for every model: the "
                              "start model (once) and each run's final model (0: no evaluation)")
     args = parser.parse_args(argv)

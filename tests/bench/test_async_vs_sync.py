@@ -137,14 +137,14 @@ def test_parse_args_defaults_and_repeated_options():
     assert args.seeds == [0] and args.parallel == 1 and args.correction == "bypass"
     assert "algorithm.rollout_correction.bypass_mode=true" in CORRECTIONS[args.correction]
     # A child process gets the parent's command line plus its own options: the last occurrence wins.
-    child = parse_args(["--seeds", "0", "1", "--steps", "8", "--seeds", "1", "--parallel", "1"])
-    assert child.seeds == [1] and child.steps == 8
+    child = parse_args(["--seeds", "0", "1", "--steps", "12", "--seeds", "1", "--parallel", "1"])
+    assert child.seeds == [1] and child.steps == 12
     with pytest.raises(SystemExit):
         parse_args(["--parallel", "0"])
 
 
 def _args(*extra: str):
-    return parse_args(["--steps", "3", *extra])
+    return parse_args(["--steps", "3", "--eval-size", "200", *extra])
 
 
 def _trained(tmp_path, args, seed: int, model, evaluated: bool) -> dict:
