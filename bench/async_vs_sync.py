@@ -85,7 +85,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=1, help="pairs run at once, each in its own process")
     parser.add_argument("--arms-at-once", action="store_true",
                         help="run each pair's sync and async run at the same time (for machines with idle cores: "
-                             "where the CPU is saturated they slow each other and the speedup is not measured)")
+                             "where they saturate the CPU they slow each other, the async run most, and the speedup "
+                             "is understated)")
     parser.add_argument("--model", default=None,
                         help="model directory used as is (default: the tiny offline model after the demo's supervised "
                              "warm-up on calc, cached, so that rewards can move)")
