@@ -12,12 +12,16 @@ The synchronous run is ``trainer.v1.trainer_mode=agentrl_sync``; the asynchronou
 token (``--correction bypass``): without it verl recomputes ``old_log_probs`` with the current actor, and turns that
 are K updates old are trained as if on-policy. The training time of a run is the sum of verl's per-step wall times
 (``timing_s/step``: the step from its start, waiting for the batch included, to the weight update); process
-start-up (Ray, workers, model loading) and the final checkpoint save are the same for both and left out. Each run's
-final model and the start model are then evaluated on held-out calc problems (sampled at the runs' temperature).
+start-up (Ray, workers, model loading) and the final checkpoint save are the same for both and left out. Right after
+its two runs, a pair evaluates both final models on held-out calc problems (sampled at the runs' temperature); the
+start model is evaluated once on the same problems.
 
 The cold start (the demo's supervised warm-up of the tiny model on calc) is built once and cached under
 ``$AGENTRL_CACHE_DIR``. ``--seeds 0 1 2 3 4`` runs one pair per seed (``--parallel P`` pairs at once, each in its own
 process, for machines with more cores) and writes ``summary.md``, ``summary.json`` and ``pairs.png`` to ``--out``.
+Each seed's ``pair.json`` is written after its training and again after its evaluation, so a run that was cut off
+resumes with the same command: evaluated pairs are kept, trained ones whose models are still there are only evaluated,
+the others run again.
 The last line printed is ``key=value`` pairs: mean speedup (sync training time / async training time) and held-out
 success of each arm with their standard errors over seeds, the paired difference, and the async runs' staleness.
 """
@@ -25,6 +29,7 @@ success of each arm with their standard errors over seeds, the paired difference
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -33,8 +38,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +68,9 @@ CORRECTIONS = {
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=16, help="training steps of each run")
+    parser.add_argument("--steps", type=int, default=8,
+                        help="training steps of each run (the speedup grows with the steps: the first fills the "
+                             "pipeline; the README's figures use 20)")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
@@ -72,8 +81,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-sigma", type=float, default=1.2, help="lognormal sigma of the calc step latency")
     parser.add_argument("--latency-max-s", type=float, default=10.0, help="cap of the calc step latency")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
-                        help="one sync/async pair per seed (data order, sampling, calc problems, evaluation)")
+                        help="one sync/async pair per seed (data order, sampling, training calc problems)")
     parser.add_argument("--parallel", type=int, default=1, help="pairs run at once, each in its own process")
+    parser.add_argument("--arms-at-once", action="store_true",
+                        help="run each pair's sync and async run at the same time (for machines with idle cores: "
+                             "where they saturate the CPU they slow each other, the async run most, and the speedup "
+                             "is understated)")
     parser.add_argument("--model", default=None,
                         help="model directory used as is (default: the tiny offline model after the demo's supervised "
                              "warm-up on calc, cached, so that rewards can move)")
@@ -84,9 +97,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", action="store_true",
                         help="run nothing: summarise the seeds' folders already under --out (a pair whose evaluation "
                              "did not finish counts for speed and training only)")
-    parser.add_argument("--eval-size", type=int, default=200,
-                        help="held-out calc episodes, sampled at the runs' temperature, to compare the start model and "
-                             "each run's final model (0: no evaluation)")
+    parser.add_argument("--eval-size", type=int, default=100,
+                        help="held-out calc episodes, sampled at the runs' temperature, the same for every model: the "
+                             "start model (once) and each run's final model (0: no evaluation)")
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
@@ -132,23 +145,38 @@ def calc_success(env_url: str, model, tokenizer, indices: list[int], seed: int, 
     return results["calc"].success_rate
 
 
-def held_out_success(models: dict[str, Path], seed: int, size: int) -> dict[str, float]:
-    """Sampled success of each model on ``size`` calc indices of problem seed ``seed`` that neither the runs nor the
-    warm-up saw."""
+def held_out_success(models: dict[str, Path], start: Path, size: int) -> dict[str, float]:
+    """Sampled success of each model on the held-out calc problems: ``size`` indices of the warm-up's problem seed
+    after those the warm-up demonstrated and checked on (the runs train on indices below :data:`CALC_SIZE`), played
+    with the same sampling seed for every model and pair. ``start``: the start model, whose tokenizer RL keeps."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     first = CALC_SIZE + DEMO.eval.warmup_indices + DEMO.demonstrations
     indices = list(range(first, first + size))
-    tokenizer = AutoTokenizer.from_pretrained(models["start"])  # RL leaves the tokenizer as it is
+    tokenizer = AutoTokenizer.from_pretrained(start)
     results = {}
-    with calc_stack(seed, indices[-1] + 1) as stack:
+    with calc_stack(DEMO.seed, indices[-1] + 1) as stack:
         for name, path in models.items():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            results[name] = calc_success(stack.url, model, tokenizer, indices, seed, greedy=False)
+            results[name] = calc_success(stack.url, model, tokenizer, indices, DEMO.seed, greedy=False)
             logger.info("held-out calc success (%d episodes, sampled) of the %s model: %.3f", len(indices), name,
                         results[name])
     return results
+
+
+def start_held_out(workdir: Path, model: Path | None, size: int) -> float | None:
+    """Held-out success of the start model on ``size`` episodes, evaluated once per ``--out`` folder and kept in its
+    ``start.json``; without ``model`` (``--report``) only what that file holds, and None without evaluation."""
+    path = workdir / "start.json"
+    saved = json.loads(path.read_text()) if path.exists() else None
+    if saved is not None and (model is None or (saved["model"], saved["episodes"]) == (model.name, size)):
+        return saved["success"]
+    if model is None or size == 0:
+        return None
+    success = held_out_success({"start": model}, model, size)["start"]
+    path.write_text(json.dumps({"model": model.name, "episodes": size, "success": success}))
+    return success
 
 
 def cold_start_key(base: Path) -> str:
@@ -209,13 +237,13 @@ def cold_started_model() -> Path:
     return target
 
 
-
-
-def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path,
-                 env_url: str) -> dict[str, Any]:
+def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
+                 stop: threading.Event | None = None) -> dict[str, Any]:
     """One ``main_ppo`` run (``mode``: ``sync`` or ``async``), logging each step as it ends; returns its per-step
-    metrics, process wall time and final model (its HF export)."""
+    metrics, process wall time and final model (its HF export). Setting ``stop`` ends the run (with an error)."""
     metrics_path = workdir / f"{mode}.jsonl"
+    rundir = workdir / mode  # Hydra's outputs/ of runs started in the same second would collide
+    rundir.mkdir(exist_ok=True)
     checkpoints = workdir / f"ckpt_{mode}"
     ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
     overrides = [
@@ -245,10 +273,12 @@ def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, 
     start = time.monotonic()
     seen = 0
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=rundir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             while (returncode := proc.poll()) is None:
+                if stop is not None and stop.is_set():
+                    raise RuntimeError(f"seed {seed}: the {mode} run was stopped (the other run failed, or the bench)")
                 if time.monotonic() - start > args.timeout_s:
                     raise RuntimeError(f"seed {seed}: the {mode} run timed out after {args.timeout_s}s; see {log_path}")
                 seen = _log_new_steps(metrics_path, seen, mode, seed, args.steps, time.monotonic() - start)
@@ -317,38 +347,108 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
         "reward": [round(float(m.get("agentrl/all/reward", float("nan"))), 3) for m in steps],
         "calc_reward": [round(float(m.get("agentrl/calc/reward", float("nan"))), 3) for m in steps],
         "step_s": [round(t, 2) for t in step_s],
-        "model": None if run["model"] is None else str(run["model"]),
+        "model": str(run["model"]),
         "diagnostics": diagnostics,
     }
 
 
-def run_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, Any]:
-    """The sync and the async run of one seed on a fresh environment stack, then the held-out evaluation; writes
-    ``pair.json`` to ``workdir`` and returns its :func:`pair_record`."""
-    (workdir / "env_logs").mkdir(parents=True, exist_ok=True)
-    runs = {}
-    with EnvStack(stack_config(args, seed), log_dir=workdir / "env_logs") as stack:
+def pair_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """What a pair's training depends on besides its seed; a ``pair.json`` made with other settings is not resumed."""
+    return {"steps": args.steps, "batch": args.batch, "n": args.n, "max_staleness": args.max_staleness,
+            "stale_policy": args.stale_policy, "correction": args.correction,
+            "latency": [args.latency_median_s, args.latency_sigma, args.latency_max_s], "overrides": args.override,
+            "arms_at_once": args.arms_at_once, "model": model.name}
+
+
+def saved_pair(workdir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``pair.json`` of a seed's folder (None without one).
+
+    Raises:
+        ValueError: it was made with other settings (resuming would mix two experiments).
+    """
+    path = workdir / "pair.json"
+    if not path.exists():
+        return None
+    pair = json.loads(path.read_text())
+    if pair.get("settings") != settings:
+        raise ValueError(f"{path} was made with settings {pair.get('settings')}, not {settings}: use another --out")
+    return pair
+
+
+def pair_done(pair: dict[str, Any] | None, eval_size: int) -> bool:
+    """Whether a saved pair needs nothing more: trained, and evaluated on ``eval_size`` episodes unless that is 0."""
+    return pair is not None and (eval_size == 0 or pair["held_out_episodes"] == eval_size)
+
+
+def write_pair(workdir: Path, record: dict[str, Any], runs: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Write ``pair.json`` whole or not at all (a run cut off while writing leaves the previous one)."""
+    partial = workdir / "pair.json.tmp"
+    partial.write_text(json.dumps({**record, "settings": settings, "runs": runs}, indent=2))
+    partial.replace(workdir / "pair.json")
+
+
+def train_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, dict[str, Any]]:
+    """The sync and the async run of one seed, one after the other or (``--arms-at-once``) at the same time, each
+    against its own fresh environment stack (so both see the same calc latencies): ``mode -> summarise(run)``."""
+    with contextlib.ExitStack() as stacks:
+        urls = {}
+        for mode in MODES:
+            logs = workdir / "env_logs" / mode
+            logs.mkdir(parents=True, exist_ok=True)
+            urls[mode] = stacks.enter_context(EnvStack(stack_config(args, seed), log_dir=logs)).url
         rows = (args.steps + args.max_staleness + 2) * args.batch  # the async run admits up to K + 1 batches ahead
-        code = agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir),
+        code = agentrl_verl_cli(["make-data", "--controller", urls["sync"], "--out", str(workdir),
                                  "--train-size", str(rows), "--val-fraction", "0.1", "--seed", str(seed)])
         if code != 0:
             raise RuntimeError(f"make-data failed with exit code {code}")
-        for mode in MODES:
+
+        def train(mode: str, stop: threading.Event | None = None) -> dict[str, Any]:
             logger.info("seed %d: %s run (%d steps of %d x %d trajectories)", seed, mode, args.steps, args.batch,
                         args.n)
-            runs[mode] = summarise(run_training(mode, args, seed, workdir, model, stack.url))
+            return summarise(run_training(mode, args, seed, workdir, model, urls[mode], stop))
+
+        if not args.arms_at_once:
+            return {mode: train(mode) for mode in MODES}
+        stop = threading.Event()
+        with ThreadPoolExecutor(len(MODES)) as pool:
+            futures = {mode: pool.submit(train, mode, stop) for mode in MODES}
+            try:
+                done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+            finally:
+                stop.set()  # a run failed or this thread was interrupted: the other run ends too
+            for future in done:
+                future.result()  # raises the first failure, rather than the other run's "stopped"
+            return {mode: future.result() for mode, future in futures.items()}
+
+
+def run_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) -> dict[str, Any]:
+    """One seed's pair, resumed from its folder: a pair already done is returned as is, a trained one whose final
+    models are still there is only evaluated, any other is trained. ``pair.json`` is written after the training and
+    again after the held-out evaluation of both final models; returns its :func:`pair_record`."""
+    settings = pair_settings(args, model)
+    saved = saved_pair(workdir, settings)
+    if pair_done(saved, args.eval_size):
+        logger.info("seed %d: done before, kept (%s)", seed, workdir / "pair.json")
+        return saved
+    if saved is not None and all(Path(run["model"], "config.json").exists() for run in saved["runs"].values()):
+        logger.info("seed %d: trained before, evaluating its models", seed)
+        runs = saved["runs"]
+    else:
+        runs = train_pair(args, seed, workdir, model)
+        write_pair(workdir, pair_record(seed, runs, {}), runs, settings)
     held_out = {}
     if args.eval_size > 0:
-        held_out = held_out_success({"start": model, "sync": runs["sync"]["model"], "async": runs["async"]["model"]},
-                                    seed, args.eval_size)
-    record = pair_record(seed, runs, held_out)
-    (workdir / "pair.json").write_text(json.dumps({**record, "runs": runs}, indent=2))
+        held_out = held_out_success({mode: Path(runs[mode]["model"]) for mode in MODES}, model, args.eval_size)
+    record = pair_record(seed, runs, held_out, args.eval_size if held_out else 0)
+    write_pair(workdir, record, runs, settings)
     logger.info("seed %d: %s", seed, json.dumps(record))
     return record
 
 
-def pair_record(seed: int, runs: dict[str, dict[str, Any]], held_out: dict[str, float]) -> dict[str, Any]:
-    """The figures of one pair: speedup, trajectories, held-out success and the async run's diagnostics."""
+def pair_record(seed: int, runs: dict[str, dict[str, Any]], held_out: dict[str, float],
+                held_out_episodes: int = 0) -> dict[str, Any]:
+    """The figures of one pair: speedup, trajectories, held-out success of the final models (``held_out_episodes``
+    each; 0: not evaluated) and the runs' diagnostics."""
     sync, asynchronous = runs["sync"], runs["async"]
     return {
         "seed": seed,
@@ -360,22 +460,26 @@ def pair_record(seed: int, runs: dict[str, dict[str, Any]], held_out: dict[str, 
         "calc_trajectories": {mode: run["calc_trajectories"] for mode, run in runs.items()},
         "reward_mean": {mode: sum(run["reward"]) / max(len(run["reward"]), 1) for mode, run in runs.items()},
         "held_out": held_out,
+        "held_out_episodes": held_out_episodes,
         "diagnostics": {mode: run["diagnostics"] for mode, run in runs.items()},
     }
 
 
-def load_pair(workdir: Path, seed: int) -> dict[str, Any]:
-    """The :func:`pair_record` of a seed's folder: its ``pair.json``, or, when the pair stopped before writing it
-    (after both runs), one rebuilt from the runs' metrics without held-out success."""
-    if (workdir / "pair.json").exists():
-        return json.loads((workdir / "pair.json").read_text())
-    runs = {}
-    for mode in MODES:
-        steps = _read_steps(workdir / f"{mode}.jsonl")
-        if not steps:
-            raise FileNotFoundError(f"seed {seed}: no metrics of the {mode} run in {workdir}; run the pair first")
-        runs[mode] = summarise({"wall_s": float("nan"), "steps": steps, "model": None})
-    return pair_record(seed, runs, {})
+def load_pairs(folders: dict[int, Path]) -> list[dict[str, Any]]:
+    """The saved pairs of ``seed -> folder`` (``--report``); seeds whose training did not finish are left out.
+
+    Raises:
+        FileNotFoundError: no seed has a finished training.
+    """
+    pairs = []
+    for seed, folder in folders.items():
+        if (folder / "pair.json").exists():
+            pairs.append(json.loads((folder / "pair.json").read_text()))
+        else:
+            logger.warning("seed %d: no pair.json in %s (its training did not finish): left out", seed, folder)
+    if not pairs:
+        raise FileNotFoundError(f"no pair.json in {', '.join(map(str, folders.values()))}: nothing to report")
+    return pairs
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
@@ -390,9 +494,10 @@ def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance / n)
 
 
-def paired_statistics(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def paired_statistics(pairs: Sequence[dict[str, Any]], start: float | None = None) -> dict[str, Any]:
     """Across seeds: each arm's mean held-out success and standard error, the paired difference (async - sync)
-    and its standard error, whether async is within one standard error of sync, and the speedups.
+    and its standard error, whether async is within one standard error of sync, and the speedups; ``start``: the
+    start model's held-out success (one evaluation, the same for every seed), if known.
 
     Pairs without held-out success (evaluation not run or not finished) count for the speedups only.
     "Within one standard error" (``None`` with fewer than two evaluated pairs) compares the mean paired difference
@@ -403,12 +508,12 @@ def paired_statistics(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     speedup = mean_and_se([p["speedup"] for p in pairs])
     stats.update(speedup_mean=speedup[0], speedup_se=speedup[1], speedup_min=min(p["speedup"] for p in pairs),
                  speedup_after_step1_mean=mean_and_se([p["speedup_after_step1"] for p in pairs])[0])
+    if start is not None:
+        stats["held_out_start"] = start
     evaluated = [p for p in pairs if {"sync", "async"} <= set(p["held_out"])]
     if evaluated:
-        for arm in ("start", "sync", "async"):
-            values = [p["held_out"][arm] for p in evaluated if arm in p["held_out"]]
-            if values:
-                stats[f"held_out_{arm}"], stats[f"held_out_{arm}_se"] = mean_and_se(values)
+        for arm in ("sync", "async"):
+            stats[f"held_out_{arm}"], stats[f"held_out_{arm}_se"] = mean_and_se([p["held_out"][arm] for p in evaluated])
         diff = mean_and_se([p["held_out"]["async"] - p["held_out"]["sync"] for p in evaluated])
         stats.update(held_out_pairs=len(evaluated), held_out_diff=diff[0], held_out_diff_se=diff[1],
                      async_lower_pairs=sum(p["held_out"]["async"] < p["held_out"]["sync"] for p in evaluated),
@@ -428,27 +533,28 @@ def summary_markdown(pairs: Sequence[dict[str, Any]], stats: dict[str, Any], set
         return "-" if value is None else f"{value:.3f}" if name == "clipfrac" else f"{value:.2f}"
 
     lines = [f"# bench.async_vs_sync\n\n{settings}\n",
-             "| seed | speedup | sync s | async s | held-out start | sync | async | async - sync "
+             "| seed | speedup | sync s | async s | held-out sync | async | async - sync "
              "| calc traj. sync / async | async turn lag mean | multi-version traj. | async clipfrac | sync clipfrac |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in pairs:
         held = p["held_out"]
         diff = f"{held['async'] - held['sync']:+.3f}" if {"sync", "async"} <= set(held) else "-"
         sync_clip = p["diagnostics"].get("sync", {}).get("clipfrac")
         lines.append(
             f"| {p['seed']} | {p['speedup']:.2f} | {p['sync_train_s']:.0f} | {p['async_train_s']:.0f} "
-            f"| {cell(p, 'start')} | {cell(p, 'sync')} | {cell(p, 'async')} | {diff} "
+            f"| {cell(p, 'sync')} | {cell(p, 'async')} | {diff} "
             f"| {p['calc_trajectories']['sync']:.0f} / {p['calc_trajectories']['async']:.0f} "
             f"| {diag(p, 'turn_lag_mean')} | {diag(p, 'multi_version')} | {diag(p, 'clipfrac')} "
             f"| {'-' if sync_clip is None else f'{sync_clip:.3f}'} |")
     lines.append("")
     lines.append(f"Speedup {stats['speedup_mean']:.2f} +- {stats['speedup_se']:.2f} (min {stats['speedup_min']:.2f}; "
                  f"{stats['speedup_after_step1_mean']:.2f} without each run's first step).")
+    if "held_out_start" in stats:
+        lines.append(f"Held-out success of the start model: {stats['held_out_start']:.3f}.")
     if "held_out_diff" in stats:
         verdict = {True: "within", False: "not within", None: "too few pairs for"}[stats["async_within_one_se"]]
         lines.append(
             f"Held-out success over {stats['held_out_pairs']} evaluated seeds: "
-            f"start {stats.get('held_out_start', float('nan')):.3f}, "
             f"sync {stats['held_out_sync']:.3f} +- {stats['held_out_sync_se']:.3f}, "
             f"async {stats['held_out_async']:.3f} +- {stats['held_out_async_se']:.3f}; paired difference "
             f"{stats['held_out_diff']:+.3f} +- {stats['held_out_diff_se']:.3f} "
@@ -457,18 +563,20 @@ def summary_markdown(pairs: Sequence[dict[str, Any]], stats: dict[str, Any], set
     return "\n".join(lines) + "\n"
 
 
-def plot_pairs(pairs: Sequence[dict[str, Any]], path: Path) -> None:
-    """Held-out success of each seed's start, sync and async model, and each pair's speedup."""
+def plot_pairs(pairs: Sequence[dict[str, Any]], start: float | None, path: Path) -> None:
+    """Held-out success of each seed's sync and async model (and the start model's), and each pair's speedup."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_success, ax_speed) = plt.subplots(1, 2, figsize=(10, 4))
-    arms = ["start", "sync", "async"]
+    arms = ["sync", "async"]
     for p in pairs:
         values = [p["held_out"].get(arm, float("nan")) for arm in arms]
         ax_success.plot(arms, values, marker="o", label=f"seed {p['seed']}")
+    if start is not None:
+        ax_success.axhline(start, color="grey", linestyle="--", linewidth=1, label="start model")
     ax_success.set(title="held-out calc success (sampled)", ylabel="success rate")
     ax_success.legend(fontsize=7)
     ax_speed.bar([str(p["seed"]) for p in pairs], [p["speedup"] for p in pairs])
@@ -480,12 +588,17 @@ def plot_pairs(pairs: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path) -> list[dict[str, Any]]:
-    """Run each seed's pair in its own process (``--parallel`` at once); returns their records in seed order.
+    """Run each seed's pair in its own process (``--parallel`` at once), except pairs already done under
+    ``workdir``; returns their records in seed order.
 
     A child gets this command line with its own ``--seeds``, ``--out`` and ``--model`` (the last occurrence of an
-    option wins) and ``--parallel 1``.
+    option wins) and ``--parallel 1``; it resumes its pair (:func:`run_pair`).
     """
-    pending = list(args.seeds)
+    settings = pair_settings(args, model)
+    pending = [seed for seed in args.seeds
+               if not pair_done(saved_pair(workdir / f"seed_{seed}", settings), args.eval_size)]
+    if len(pending) < len(args.seeds):
+        logger.info("seeds %s: done before, kept", sorted(set(args.seeds) - set(pending)))
     running: dict[int, subprocess.Popen] = {}
     failed = []
     try:
@@ -496,7 +609,7 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                 out.mkdir(parents=True, exist_ok=True)
                 cmd = [sys.executable, "-m", "bench.async_vs_sync", *argv, "--seeds", str(seed), "--out", str(out),
                        "--model", str(model), "--parallel", "1"]
-                with open(out / "bench.log", "w") as log:
+                with open(out / "bench.log", "a") as log:
                     running[seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 logger.info("seed %d: started (log %s)", seed, out / "bench.log")
             for seed, proc in list(running.items()):
@@ -507,9 +620,15 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                         failed.append(seed)
             time.sleep(2)
     finally:
-        for proc in running.values():  # an error or Ctrl-C here: stop every child with its verl runs
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        # An error, Ctrl-C or SIGTERM here: each child stops its verl run and environment stack on SIGTERM.
+        for proc in running.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     if failed:
         raise RuntimeError(f"seeds {failed} failed; see {workdir}/seed_*/bench.log")
     return [json.loads((workdir / f"seed_{seed}" / "pair.json").read_text()) for seed in args.seeds]
@@ -520,26 +639,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    # A timeout's SIGTERM unwinds like Ctrl-C: verl runs, children and environment stacks are stopped on the way.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     workdir = Path(args.out or tempfile.mkdtemp(prefix="async_vs_sync_")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else None if args.report else cold_started_model()
+    folders = {seed: workdir if len(args.seeds) == 1 else workdir / f"seed_{seed}" for seed in args.seeds}
     if args.report:
-        pairs = [load_pair(workdir if len(args.seeds) == 1 else workdir / f"seed_{seed}", seed) for seed in args.seeds]
-    elif len(args.seeds) == 1:
-        pairs = [run_pair(args, args.seeds[0], workdir, model)]
-    elif args.parallel > 1:
-        pairs = run_children(args, argv, workdir, model)
+        pairs = load_pairs(folders)
+        start = start_held_out(workdir, None, args.eval_size)
     else:
-        pairs = [run_pair(args, seed, workdir / f"seed_{seed}", model) for seed in args.seeds]
-    stats = paired_statistics(pairs)
+        model = Path(args.model) if args.model else cold_started_model()
+        if len(args.seeds) > 1 and args.parallel > 1:
+            pairs = run_children(args, argv, workdir, model)
+        else:
+            pairs = [run_pair(args, seed, folder, model) for seed, folder in folders.items()]
+        start = start_held_out(workdir, model, args.eval_size)
+    stats = paired_statistics(pairs, start)
     settings = (f"{args.steps} steps of {args.batch} groups x {args.n}, max_staleness {args.max_staleness} "
                 f"({args.stale_policy}), correction {args.correction}, calc latency lognormal median "
                 f"{args.latency_median_s}s sigma {args.latency_sigma} cap {args.latency_max_s}s, held-out "
-                f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}.")
+                f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}"
+                f"{', sync and async run at once' if args.arms_at_once else ''}.")
     (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "pairs": pairs}, indent=2))
     (workdir / "summary.md").write_text(summary_markdown(pairs, stats, settings))
     try:
-        plot_pairs(pairs, workdir / "pairs.png")
+        plot_pairs(pairs, start, workdir / "pairs.png")
     except ImportError:
         logger.warning("matplotlib is not installed: no pairs.png")
     print(summary_markdown(pairs, stats, settings))

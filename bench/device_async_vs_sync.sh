@@ -4,11 +4,17 @@
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 # Run (device tool):  carry [".verl_bundle", ".cache"], command "bash bench/device_async_vs_sync.sh --seeds 0 1 2 3 4
 #                     --parallel 5" (arguments go to bench.async_vs_sync; BENCH_TIMEOUT_S bounds the whole bench).
-# Small results (summary.md/json, pairs.png, each seed's pair.json, metrics and logs) go to $OUT; models stay behind.
+# Small results (summary.md/json, pairs.png, each seed's pair.json, start.json, metrics and logs) go to $OUT as
+# runs.tgz; models stay behind in /tmp/async_vs_sync. A run cut off by the call's limit resumes with the same
+# arguments: on the same machine (still warm) as it is; on a fresh one from RESUME=runs.tgz (carried), which restores
+# the pairs' records (evaluated pairs are kept, the others run again: their models are gone).
 set -uo pipefail
 OUT=${OUT:-/tmp/async_vs_sync_out}
 WORK=/tmp/async_vs_sync
 mkdir -p "$OUT" "$WORK"
+if [ -n "${RESUME:-}" ] && [ -z "$(ls -A "$WORK")" ]; then
+  tar xzf "$RESUME" -C "$WORK" && echo "resumed from $RESUME: $(ls "$WORK")"
+fi
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPU the CPU
@@ -19,7 +25,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MO
        AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 collect() {
   cp "$WORK"/summary.* "$WORK"/pairs.png "$OUT"/ 2>/dev/null
-  (cd "$WORK" && find . \( -name pair.json -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/ckpt_*' -print0 \
+  (cd "$WORK" && find . \( -name pair.json -o -name start.json -o -name '*.jsonl' -o -name '*.log' \) \
+     -not -path '*/ckpt_*' -print0 \
      | tar czf "$OUT/runs.tgz" --null -T -)
   tar czf "$OUT/cold_start.tgz" -C "$AGENTRL_CACHE_DIR" async_vs_sync 2>/dev/null
   # The first error of a failed run, if any.
@@ -27,7 +34,9 @@ collect() {
     echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
 }
 trap collect EXIT
-echo "cpus $(nproc)"
+echo "cpus $(nproc --all)"
+# The load while it runs (are cores left idle? --arms-at-once assumes so), once a minute.
+(while uptime; do sleep 60; done > "$OUT/load.txt") &
 timeout --kill-after=10 "${BENCH_TIMEOUT_S:-560}" python3 -m bench.async_vs_sync --out "$WORK" "$@" 2>&1 \
-  | tee "$OUT/bench.txt" | grep -E "cold start|seed [0-9]+: |step [0-9]+/|speedup|held_out|Error|error" | cut -c1-300
+  | tee "$OUT/bench.txt" | grep -E "cold start|seed [0-9]+: |step [0-9]+/|speedup|held.out|Error|error" | cut -c1-300
 echo "bench rc=${PIPESTATUS[0]}"
