@@ -240,14 +240,16 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
     """The environment of the ``main_ppo`` process.
 
     Ray starts its workers at nice 15 with ``OMP_NUM_THREADS=1`` (or the CPUs a bundle asks for, which on a small
-    machine oversubscribes it). The demo's trainer and rollout workers are the only heavy processes and they take
-    turns (the trainer waits for a batch, the rollout waits at a weight update), so each gets every core the
-    process may use, at normal priority. Values already set in the environment win.
+    machine oversubscribes it). The demo's trainer and rollout workers are the heavy processes, so each gets every
+    core the process may use, at normal priority, and OpenMP threads that wait passively: the workers import torch
+    before this package can set that (see ``agentrl_verl/__init__.py``), and with libgomp's spinning default the
+    trainer, the two rollout replicas and the demo's own processes fight over the cores (RL steps of 60-90 s instead
+    of 8-15 s at load average 20-30). Values already set in the environment win.
     """
     cores = str(len(os.sched_getaffinity(0)))
-    return {"OMP_NUM_THREADS": cores, "RAY_worker_niceness": "0", **os.environ, "RAY_AUTH_MODE": "disabled",
-            "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0", "VERL_FILE_LOGGER_PATH": str(metrics_file),
-            "PYTHONUNBUFFERED": "1"}
+    return {"OMP_NUM_THREADS": cores, "OMP_WAIT_POLICY": "PASSIVE", "RAY_worker_niceness": "0", **os.environ,
+            "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
+            "VERL_FILE_LOGGER_PATH": str(metrics_file), "PYTHONUNBUFFERED": "1"}
 
 
 def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float) -> list[dict[str, Any]]:

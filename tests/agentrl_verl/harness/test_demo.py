@@ -89,13 +89,31 @@ def test_progress_line_shows_reward_and_success_per_task():
     assert line == "RL step 3/40 (61s) | calc: reward +0.50 success 0.62 | db: reward -0.20 success 0.00"
 
 
-def test_rl_processes_get_every_core_at_normal_priority(monkeypatch, tmp_path):
+def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     env = rl_environment(tmp_path / "m.jsonl")
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) and env["RAY_worker_niceness"] == "0"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "m.jsonl")
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
-    assert rl_environment(tmp_path / "m.jsonl")["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's settings win
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    env = rl_environment(tmp_path / "m.jsonl")
+    assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == ("3", "ACTIVE")
+
+
+def test_torch_threads_wait_passively_in_processes_that_import_the_package():
+    # libgomp reads the policy once, when torch loads: print it at the moment a fresh interpreter first imports torch.
+    code = ("import os, sys\n"
+            "class Spy:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            print('policy', os.environ.get('OMP_WAIT_POLICY'))\n"
+            "sys.meta_path.insert(0, Spy())\n"
+            "import agentrl_verl\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy PASSIVE"]
 
 
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
