@@ -50,9 +50,9 @@ from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
 
-RL_PRESET = ("cpu_tiny", "+demo=tiny")
-"""main_ppo's primary config and the demo's layer on it (``agentrl_verl/harness/presets``)."""
-ENGINES = {"hf": (), "vllm": (vllm_cpu.ENGINE_OVERLAY,)}  # rollout engine -> its preset overlay
+DEMO_LAYER = "+demo=tiny"
+"""The demo's layer on main_ppo's primary config (``agentrl_verl/harness/presets/demo/tiny.yaml``)."""
+ENGINES = {"hf": "cpu_tiny", "vllm": vllm_cpu.PRESET}  # rollout engine -> main_ppo's primary config (presets/)
 
 
 # ---- settings -----------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class EvalSpec:
 
 @dataclass
 class RLSpec:
-    """The verl run: training steps, stall detection, and extra Hydra overrides of the ``+demo=tiny`` preset.
+    """The verl run: training steps, stall detection, extra Hydra overrides of the ``+demo=tiny`` layer, the engine.
 
     ``stall_s`` is no limit on the run's length (its speed depends on the machine): the run is stopped only when it
     has neither finished a step nor printed a line for that long.
@@ -97,11 +97,11 @@ class RLSpec:
     overrides: list[str] = field(default_factory=list)
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
 
-    def preset_overrides(self) -> list[str]:
-        """Overrides of the ``+demo=tiny`` preset: the engine's overlay, then :attr:`overrides`."""
+    def preset(self) -> str:
+        """main_ppo's primary config for :attr:`engine` (``cpu_tiny`` or ``cpu_vllm``)."""
         if self.engine not in ENGINES:
             raise ValueError(f"rl.engine={self.engine!r}: use one of {', '.join(ENGINES)}")
-        return [*ENGINES[self.engine], *self.overrides]
+        return ENGINES[self.engine]
 
 
 @dataclass
@@ -203,8 +203,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
 
     python = vllm_cpu.vllm_python() if spec.engine == "vllm" else sys.executable
     return [
-        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", RL_PRESET[0],
-        RL_PRESET[1],
+        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", spec.preset(), DEMO_LAYER,
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={train}", f"data.val_files={val}",
         f"agentrl.env.url={env_url}",
@@ -214,7 +213,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
         f"trainer.default_local_dir={out / 'checkpoints'}",
         f"trainer.rollout_data_dir={out / 'rollouts'}",
         f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-        *spec.preset_overrides(),
+        *spec.overrides,
     ]
 
 
@@ -566,7 +565,7 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.before = evaluate_all(warm.path)
         t = progress.lap("eval_before_s", t)
 
-        batch = int(OmegaConf.select(_rl_preset_values(config.rl.preset_overrides()), "data.train_batch_size"))
+        batch = int(OmegaConf.select(_rl_preset_values(config.rl), "data.train_batch_size"))
         train_file, val_file = write_datasets(out / "data", train_indices, held_out,
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
@@ -583,14 +582,15 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.lap("eval_after_s", t)
 
 
-def _rl_preset_values(overrides: list[str]):
-    """The composed RL preset (for values the demo needs up front, e.g. the batch size)."""
+def _rl_preset_values(spec: RLSpec, *extra: str):
+    """The composed RL preset with ``spec``'s overrides and ``extra`` (for values the demo needs up front, e.g. the
+    batch size)."""
     from hydra import compose, initialize_config_dir
 
     from agentrl_verl.harness.presets import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=RL_PRESET[0], overrides=[RL_PRESET[1], *overrides])
+        return compose(config_name=spec.preset(), overrides=[DEMO_LAYER, *spec.overrides, *extra])
 
 
 def check_rl_settings(spec: RLSpec) -> None:
@@ -602,7 +602,7 @@ def check_rl_settings(spec: RLSpec) -> None:
     from agentrl_verl.core.config import validate_run_config
 
     # The environment's address is known only once the stack runs; any address passes this check.
-    validate_run_config(_rl_preset_values([*spec.preset_overrides(), "agentrl.env.url=http://127.0.0.1:1"]))
+    validate_run_config(_rl_preset_values(spec, "agentrl.env.url=http://127.0.0.1:1"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

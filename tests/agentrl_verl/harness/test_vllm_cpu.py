@@ -1,5 +1,5 @@
 """verl's vLLM rollout on CPU: each fix of :mod:`agentrl_verl.harness.vllm_cpu` and each setting of the
-``engine/vllm`` preset overlay is still needed and still right for the installed vLLM and verl.
+``cpu_vllm`` preset is still needed and still right for the installed vLLM and verl.
 
 The facts about vLLM come from ``vllm_cpu_facts.py`` run by the vLLM environment's interpreter
 (``bash scripts/setup.sh --vllm``); the rest runs here, where vLLM is not installed.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.presets import CONFIG_DIR
@@ -40,11 +41,41 @@ def facts() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def preset(name: str, *overrides: str) -> DictConfig:
+    """The preset ``name`` with ``overrides`` as main_ppo composes it (what ``--cfg job`` prints)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
 @pytest.fixture(scope="module")
 def rollout():
-    """The rollout section of ``cpu_tiny`` with ``+engine=vllm``."""
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name="cpu_tiny", overrides=["+engine=vllm"]).actor_rollout_ref.rollout
+    """The rollout section of the ``cpu_vllm`` preset."""
+    return preset(vllm_cpu.PRESET).actor_rollout_ref.rollout
+
+
+def differences(a: dict, b: dict, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between the nested dicts ``a`` and ``b``."""
+    keys = set()
+    for key in a.keys() | b.keys():
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys |= differences(x, y, f"{prefix}{key}.")
+        elif x != y:
+            keys.add(f"{prefix}{key}")
+    return keys
+
+
+VLLM_SETTINGS = {f"actor_rollout_ref.rollout.{key}" for key in (
+    "name", "enable_sleep_mode", "enforce_eager", "engine_kwargs.vllm.kv_cache_memory_bytes",
+    "checkpoint_engine.update_weights_bucket_megabytes")}
+
+
+@pytest.mark.parametrize("layer", [[], ["+demo=tiny"]], ids=["alone", "demo"])
+def test_cpu_vllm_is_cpu_tiny_with_the_vllm_settings(layer):
+    # --config-name cpu_vllm is cpu_tiny (also under the demo's layer) with the vLLM settings, nothing else.
+    tiny, vllm = (OmegaConf.to_container(preset(name, *layer)) for name in ("cpu_tiny", vllm_cpu.PRESET))
+    assert differences(tiny, vllm) == VLLM_SETTINGS
+    assert vllm["actor_rollout_ref"]["rollout"]["name"] == "vllm"
 
 
 @pytest.fixture(scope="module")
@@ -177,11 +208,15 @@ def test_demo_engine_vllm_runs_main_ppo_from_the_vllm_environment(tmp_path, monk
     spec = RLSpec(steps=2, engine="vllm", overrides=["actor_rollout_ref.rollout.n=4"])
     cmd = rl_command("MODEL", tmp_path / "t.parquet", tmp_path / "v.parquet", "URL", tmp_path, tmp_path, spec)
     assert cmd[0] == str(python)
-    assert cmd[-2:] == [vllm_cpu.ENGINE_OVERLAY, "actor_rollout_ref.rollout.n=4"]  # the user's overrides win
-    assert _rl_preset_values(spec.preset_overrides()).actor_rollout_ref.rollout.name == "vllm"
-    assert rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, RLSpec())[0] == sys.executable
+    assert cmd[cmd.index("--config-name") + 1:][:2] == [vllm_cpu.PRESET, "+demo=tiny"]
+    assert cmd[-1] == "actor_rollout_ref.rollout.n=4"  # the user's overrides win
+    values = _rl_preset_values(spec)
+    assert values.actor_rollout_ref.rollout.name == "vllm"
+    assert values.actor_rollout_ref.rollout.agent.default_agent_loop == "agentrl_agent"  # the demo's layer
+    hf = rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, RLSpec())
+    assert hf[0] == sys.executable and hf[hf.index("--config-name") + 1] == "cpu_tiny"
     with pytest.raises(ValueError, match="rl.engine='sglang'"):
-        RLSpec(engine="sglang").preset_overrides()
+        RLSpec(engine="sglang").preset()
     monkeypatch.setenv(vllm_cpu.PYTHON_ENV, str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="setup.sh --vllm"):
         rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, spec)
