@@ -316,8 +316,13 @@ def _clean_up_at_exit(run_id: str, existing: set[str]) -> None:
 
 
 def _is_driver() -> bool:
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and spec.name == DRIVER_MODULE
+    """Whether this process is ``python -m verl.trainer.main_ppo``.
+
+    verl loads its plugins on ``import verl``, which Python does while it still locates ``verl.trainer.main_ppo``,
+    before ``__main__`` is that module: only the command line tells.
+    """
+    argv = sys.orig_argv
+    return any(flag == "-m" and module == DRIVER_MODULE for flag, module in zip(argv, argv[1:], strict=False))
 
 
 def register() -> None:

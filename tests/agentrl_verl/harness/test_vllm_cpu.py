@@ -168,6 +168,22 @@ def test_leftover_segments_are_removed_only_when_new_and_unmapped():
             segment.unlink()
 
 
+def test_the_driver_is_recognised_while_verl_loads_its_plugins(tmp_path):
+    # A stand-in for verl whose import loads the plugin, as verl's does: Python imports it while it still locates
+    # `verl.trainer.main_ppo`, before that module is __main__.
+    (tmp_path / "verl" / "trainer").mkdir(parents=True)
+    (tmp_path / "verl" / "__init__.py").write_text(
+        "from agentrl_verl.harness import vllm_cpu\nprint('driver' if vllm_cpu._is_driver() else 'other')\n")
+    (tmp_path / "verl" / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "verl" / "trainer" / "main_ppo.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    commands = {("-m", "verl.trainer.main_ppo", "trainer.device=cpu"): "driver", ("-c", "import verl"): "other",
+                ("-m", "verl.trainer"): "other"}
+    for args, role in commands.items():
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.stdout.split() == [role], (args, proc.stdout, proc.stderr[-2000:])
+
+
 # A process of a run that maps a segment nobody will unlink (as vLLM's engine processes do when they are stopped),
 # and takes a second to exit when asked to.
 SEGMENT_HOLDER = """
