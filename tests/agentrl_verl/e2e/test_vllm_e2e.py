@@ -23,7 +23,6 @@ RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a l
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 
 K = 2  # cross-policy: the stale pool is refreshed every K steps
-LONG_TURN = 256  # new tokens per turn of the async run
 EXIT_WAIT_S = 60  # the driver stops the run's processes at its exit; the last of them may take a while to go
 
 
@@ -140,14 +139,16 @@ def test_async_trainer_aborts_and_resumes_long_turns_on_vllm(tail_stack, tmp_pat
         "+agentrl.async.stale_policy=drop",
         "+agentrl.async.interrupt=true",
         f"+agentrl.env.url={tail_stack.url}",
-        # Long turns (the untrained model rarely stops early): vLLM decodes a tiny model's 96 tokens in well under a
-        # second, too short for a weight update to land during one; 256 tokens of a few episodes at once take
-        # seconds, so the updates abort running generations.
+        # Turns that take seconds: vLLM decodes a tiny model's 96 tokens for a few episodes at once in well under a
+        # second, too short for a weight update to land during one. Two sequences at a time and 128 tokens a turn
+        # (the untrained model rarely stops early) make the episodes admitted after the first update run several
+        # times as long as the second step trains, so that update aborts their generations.
+        "actor_rollout_ref.rollout.max_num_seqs=2",
         "+agentrl.agent.max_turns=4",
-        f"+agentrl.agent.max_new_tokens={LONG_TURN}",
-        "+agentrl.agent.max_total_tokens=1400",
+        "+agentrl.agent.max_new_tokens=128",
+        "+agentrl.agent.max_total_tokens=900",
         "data.max_prompt_length=160",
-        "data.max_response_length=1240",
+        "data.max_response_length=740",
         # Updates too small to move vLLM's probabilities by 1e-3: every trained token, those of resumed turns too, is
         # checked against the actor's recomputation, whatever weight version produced it.
         "actor_rollout_ref.actor.optim.lr=1e-6",

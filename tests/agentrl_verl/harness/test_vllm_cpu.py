@@ -7,6 +7,7 @@ The facts about vLLM come from ``vllm_cpu_facts.py`` run by the vLLM environment
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -145,6 +146,52 @@ async def test_pause_api_fix_maps_the_old_argument_onto_mode():
     module.AsyncLLM = OldAsyncLLM
     assert vllm_cpu.accept_wait_for_inflight_requests(module) is False  # nothing to adapt
     assert not hasattr(OldAsyncLLM.pause_generation, "__agentrl_compat__")
+
+
+@pytest.mark.vllm  # reads facts from the vLLM environment
+def test_server_pause_is_needed_and_right(facts):
+    assert facts["server_pause_added"], (
+        "verl's vLLM server has a pause_generation of its own now: drop vllm_cpu.add_pause_generation")
+    assert facts["seam_vllm_entries"] == 4 and facts["seam_vllm_errors"] == [], facts["seam_vllm_errors"]
+
+
+async def test_server_pause_closes_the_gate_and_waits_for_running_requests():
+    class Engine:
+        def __init__(self) -> None:
+            self.pauses: list[dict] = []
+
+        async def pause_generation(self, **kwargs: Any) -> None:
+            self.pauses.append(kwargs)
+
+    class vLLMHttpServer:  # verl's name; the state of its admission gate
+        def __init__(self, node_rank: int = 0) -> None:
+            self.node_rank, self.engine = node_rank, Engine()
+            self._submission_paused, self._rejecting, self._admitting = False, True, 1
+            self._resume_event = asyncio.Event()
+            self._resume_event.set()
+
+    module = types.ModuleType("fake_vllm_async_server")
+    module.vLLMHttpServer = vLLMHttpServer
+    assert vllm_cpu.add_pause_generation(module) is True
+    assert vllm_cpu.add_pause_generation(module) is True  # idempotent
+    server = vLLMHttpServer()
+    pause = asyncio.create_task(server.pause_generation())
+    await asyncio.sleep(0.05)
+    # The gate is closed (new requests park, none is rejected), but a request past it has yet to reach the engine.
+    assert server._submission_paused and not server._rejecting and not server._resume_event.is_set()
+    assert not pause.done() and server.engine.pauses == []
+    server._admitting = 0
+    await pause
+    assert server.engine.pauses == [{"wait_for_inflight_requests": True, "clear_cache": True}]
+    other_rank = vLLMHttpServer(node_rank=1)  # no engine of its own
+    await other_rank.pause_generation()
+    assert other_rank.engine.pauses == [] and not other_rank._submission_paused
+
+    class ServerWithPause(vLLMHttpServer):
+        async def pause_generation(self) -> None: ...
+
+    module.vLLMHttpServer = ServerWithPause
+    assert vllm_cpu.add_pause_generation(module) is False
 
 
 def test_leftover_segments_are_removed_only_when_new_and_unmapped():
