@@ -126,32 +126,32 @@ def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm
             assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
 
 
-def test_async_trainer_aborts_and_resumes_long_turns_on_vllm(tail_stack, tmp_path, run_vllm):
-    make_data(tail_stack.url, tmp_path, 32)
+def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str) -> dict[int, dict]:
+    """Three steps of ``agentrl_async`` (bound 1) on the slow multi-turn stack; checks what holds for every run."""
+    make_data(stack.url, workdir, 32)
     _, steps = run_vllm(
-        tmp_path, "vllm_async",
+        workdir, name,
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_async",
-        # A bound of 1: the groups admitted after the first update are the ones in flight at the second and the
-        # ones the third step trains (with a bound of 2 three steps train only groups admitted before the first).
+        # A bound of 1: the groups admitted after the first update are the ones running at the second and the ones
+        # the third step trains (with a bound of 2, three steps train only groups admitted before the first update).
         "+agentrl.async.max_staleness=1",
-        "+agentrl.async.stale_policy=drop",
-        "+agentrl.async.interrupt=true",
-        f"+agentrl.env.url={tail_stack.url}",
+        f"+agentrl.env.url={stack.url}",
         # Turns that take seconds: vLLM decodes a tiny model's 96 tokens for a few episodes at once in well under a
         # second, too short for a weight update to land during one. Two sequences at a time and 128 tokens a turn
         # (the untrained model rarely stops early) make the episodes admitted after the first update run several
-        # times as long as the second step trains, so that update aborts their generations.
+        # times as long as the second step trains, so they are generating at the second update.
         "actor_rollout_ref.rollout.max_num_seqs=2",
         "+agentrl.agent.max_turns=4",
         "+agentrl.agent.max_new_tokens=128",
         "+agentrl.agent.max_total_tokens=900",
         "data.max_prompt_length=160",
         "data.max_response_length=740",
-        # Updates too small to move vLLM's probabilities by 1e-3: every trained token, those of resumed turns too, is
-        # checked against the actor's recomputation, whatever weight version produced it.
+        # Updates too small to move vLLM's probabilities by 1e-3: every trained token, whatever weight version
+        # produced it (both of a resumed turn's), is checked against the actor's recomputation.
         "actor_rollout_ref.actor.optim.lr=1e-6",
+        *overrides,
     )
     assert sorted(steps) == [1, 2, 3]
     for step, m in steps.items():
@@ -159,9 +159,24 @@ def test_async_trainer_aborts_and_resumes_long_turns_on_vllm(tail_stack, tmp_pat
         assert m["agentrl/all/episodes"] == 8, (step, m)
         assert m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
         assert m["actor/pg_loss"] == m["actor/pg_loss"]
-        # vLLM's log-prob of each trained token, before and after an abort, matches the actor's for that token.
+        # vLLM's log-prob of each trained token matches the actor's for that token.
         assert m["training/rollout_probs_diff_valid"] == 1.0
         assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
+    return steps
+
+
+def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(tail_stack, tmp_path, run_vllm):
+    steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_interrupt",
+                      "+agentrl.async.stale_policy=drop", "+agentrl.async.interrupt=true")
     # Weight updates aborted running vLLM generations, which went on on the new weights within the same turn and were
     # trained, counted at the version they started on.
     assert sum(m["async/resumed_turns"] for m in steps.values()) > 0, [m["async/resumed_turns"] for m in steps.values()]
+
+
+def test_async_trainer_updates_weights_between_turns_on_vllm(tail_stack, tmp_path, run_vllm):
+    # interrupt: false (the default): before each update the trainer pauses the vLLM server (the pause the plugin
+    # gives verl's server), running turns finish on the old weights and the next ones start on the new.
+    steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_wait", "+agentrl.async.stale_policy=wait")
+    assert sum(m["async/resumed_turns"] for m in steps.values()) == 0  # no generation was interrupted
+    # Episodes running at an update went on: trained trajectories with turns of two versions.
+    assert max(m["async/staleness/multi_version_trajectories"] for m in steps.values()) > 0
