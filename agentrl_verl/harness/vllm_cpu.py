@@ -246,7 +246,6 @@ async def _pause_generation(self: Any) -> None:
     await self.engine.pause_generation(wait_for_inflight_requests=True, clear_cache=True)
 
 
-
 def add_pause_generation(module: ModuleType) -> bool:
     """Give verl's ``module.vLLMHttpServer`` the ``pause_generation`` of :func:`_pause_generation` (idempotent).
 
