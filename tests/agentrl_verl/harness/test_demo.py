@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
 from agentrl_verl.harness.demo import (
     DemoProgress,
@@ -131,10 +132,17 @@ def _fake_run(tmp_path: Path, body: str) -> list[str]:
 
 
 def test_a_stalled_rl_run_is_stopped_with_its_children_and_says_so(tmp_path):
-    cmd = _fake_run(tmp_path, "step(1)\ntime.sleep(600)\n")
+    # The run maps a shared-memory segment that nobody unlinks, as vLLM's processes do when they are stopped.
+    leak = ("from multiprocessing import resource_tracker, shared_memory\n"
+            "segment = shared_memory.SharedMemory(create=True, size=64)\n"
+            "resource_tracker.unregister(segment._name, 'shared_memory')\n"
+            "print('segment', segment.name, flush=True)\n")
+    cmd = _fake_run(tmp_path, leak + "step(1)\ntime.sleep(600)\n")
     with pytest.raises(RLStopped, match=r"stalled: no step finished and no output for 2s .* after step 1/3"):
         run_rl(cmd, tmp_path, ["calc"], steps=3, stall_s=2)
     assert _leftovers(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+    segment = (tmp_path / "verl.log").read_text().split("segment ")[1].split()[0]
+    assert segment.startswith(vllm_cpu.LEFTOVER_PREFIXES) and segment not in vllm_cpu.shm_segments()
 
 
 def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path):

@@ -1,5 +1,5 @@
 """verl's vLLM rollout on CPU: each fix of :mod:`agentrl_verl.harness.vllm_cpu` and each setting of the
-``engine/vllm`` preset overlay is still needed and still right for the installed vLLM and verl.
+``cpu_vllm`` preset is still needed and still right for the installed vLLM and verl.
 
 The facts about vLLM come from ``vllm_cpu_facts.py`` run by the vLLM environment's interpreter
 (``bash scripts/setup.sh --vllm``); the rest runs here, where vLLM is not installed.
@@ -7,15 +7,19 @@ The facts about vLLM come from ``vllm_cpu_facts.py`` run by the vLLM environment
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import types
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.presets import CONFIG_DIR
@@ -40,11 +44,41 @@ def facts() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def preset(name: str, *overrides: str) -> DictConfig:
+    """The preset ``name`` with ``overrides`` as main_ppo composes it (what ``--cfg job`` prints)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
 @pytest.fixture(scope="module")
 def rollout():
-    """The rollout section of ``cpu_tiny`` with ``+engine=vllm``."""
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name="cpu_tiny", overrides=["+engine=vllm"]).actor_rollout_ref.rollout
+    """The rollout section of the ``cpu_vllm`` preset."""
+    return preset(vllm_cpu.PRESET).actor_rollout_ref.rollout
+
+
+def differences(a: dict, b: dict, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between the nested dicts ``a`` and ``b``."""
+    keys = set()
+    for key in a.keys() | b.keys():
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys |= differences(x, y, f"{prefix}{key}.")
+        elif x != y:
+            keys.add(f"{prefix}{key}")
+    return keys
+
+
+VLLM_SETTINGS = {f"actor_rollout_ref.rollout.{key}" for key in (
+    "name", "enable_sleep_mode", "enforce_eager", "engine_kwargs.vllm.kv_cache_memory_bytes",
+    "checkpoint_engine.update_weights_bucket_megabytes")}
+
+
+@pytest.mark.parametrize("layer", [[], ["+demo=tiny"]], ids=["alone", "demo"])
+def test_cpu_vllm_is_cpu_tiny_with_the_vllm_settings(layer):
+    # --config-name cpu_vllm is cpu_tiny (also under the demo's layer) with the vLLM settings, nothing else.
+    tiny, vllm = (OmegaConf.to_container(preset(name, *layer)) for name in ("cpu_tiny", vllm_cpu.PRESET))
+    assert differences(tiny, vllm) == VLLM_SETTINGS
+    assert vllm["actor_rollout_ref"]["rollout"]["name"] == "vllm"
 
 
 @pytest.fixture(scope="module")
@@ -114,24 +148,134 @@ async def test_pause_api_fix_maps_the_old_argument_onto_mode():
     assert not hasattr(OldAsyncLLM.pause_generation, "__agentrl_compat__")
 
 
+@pytest.mark.vllm  # reads facts from the vLLM environment
+def test_server_pause_is_needed_and_right(facts):
+    assert facts["server_pause_added"], (
+        "verl's vLLM server has a pause_generation of its own now: drop vllm_cpu.add_pause_generation")
+    assert facts["seam_vllm_entries"] == 4 and facts["seam_vllm_errors"] == [], facts["seam_vllm_errors"]
+
+
+async def test_server_pause_closes_the_gate_and_waits_for_running_requests():
+    class Engine:
+        def __init__(self) -> None:
+            self.pauses: list[dict] = []
+
+        async def pause_generation(self, **kwargs: Any) -> None:
+            self.pauses.append(kwargs)
+
+    class vLLMHttpServer:  # verl's name; the state of its admission gate
+        def __init__(self, node_rank: int = 0) -> None:
+            self.node_rank, self.engine = node_rank, Engine()
+            self._submission_paused, self._rejecting, self._admitting = False, True, 1
+            self._resume_event = asyncio.Event()
+            self._resume_event.set()
+
+    module = types.ModuleType("fake_vllm_async_server")
+    module.vLLMHttpServer = vLLMHttpServer
+    assert vllm_cpu.add_pause_generation(module) is True
+    assert vllm_cpu.add_pause_generation(module) is True  # idempotent
+    server = vLLMHttpServer()
+    pause = asyncio.create_task(server.pause_generation())
+    await asyncio.sleep(0.05)
+    # The gate is closed (new requests park, none is rejected), but a request past it has yet to reach the engine.
+    assert server._submission_paused and not server._rejecting and not server._resume_event.is_set()
+    assert not pause.done() and server.engine.pauses == []
+    server._admitting = 0
+    await pause
+    assert server.engine.pauses == [{"wait_for_inflight_requests": True, "clear_cache": True}]
+    other_rank = vLLMHttpServer(node_rank=1)  # no engine of its own
+    await other_rank.pause_generation()
+    assert other_rank.engine.pauses == [] and not other_rank._submission_paused
+
+    class ServerWithPause(vLLMHttpServer):
+        async def pause_generation(self) -> None: ...
+
+    module.vLLMHttpServer = ServerWithPause
+    assert vllm_cpu.add_pause_generation(module) is False
+
+
 def test_leftover_segments_are_removed_only_when_new_and_unmapped():
     from multiprocessing import resource_tracker, shared_memory
 
     old = shared_memory.SharedMemory(create=True, size=64)  # psm_*: there before the run
-    existing = vllm_cpu._segments()
+    existing = vllm_cpu.shm_segments()
     live = shared_memory.SharedMemory(create=True, size=64)  # new, still mapped here
     leaked = shared_memory.SharedMemory(create=True, size=64)  # new, mapped by nobody (its owner was killed)
     leaked.close()
     resource_tracker.unregister(leaked._name, "shared_memory")  # the test removes it, not the tracker
     try:
         old.close()  # unmapped, but older than the run: not ours to remove
-        assert vllm_cpu.remove_leftover_segments(existing, grace_s=0) == [leaked.name]
-        assert {old.name, live.name} <= vllm_cpu._segments()
-        assert leaked.name not in vllm_cpu._segments()
+        assert vllm_cpu.leftover_segments(existing) == {leaked.name}
+        assert vllm_cpu.remove_leftover_segments(existing) == [leaked.name]
+        assert {old.name, live.name} <= vllm_cpu.shm_segments()
+        assert leaked.name not in vllm_cpu.shm_segments()
     finally:
         for segment in (old, live):
             segment.close()
             segment.unlink()
+
+
+def test_the_driver_is_recognised_while_verl_loads_its_plugins(tmp_path):
+    # A stand-in for verl whose import loads the plugin, as verl's does: Python imports it while it still locates
+    # `verl.trainer.main_ppo`, before that module is __main__.
+    (tmp_path / "verl" / "trainer").mkdir(parents=True)
+    (tmp_path / "verl" / "__init__.py").write_text(
+        "from agentrl_verl.harness import vllm_cpu\nprint('driver' if vllm_cpu._is_driver() else 'other')\n")
+    (tmp_path / "verl" / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "verl" / "trainer" / "main_ppo.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    commands = {("-m", "verl.trainer.main_ppo", "trainer.device=cpu"): "driver", ("-c", "import verl"): "other",
+                ("-m", "verl.trainer"): "other"}
+    for args, role in commands.items():
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.stdout.split() == [role], (args, proc.stdout, proc.stderr[-2000:])
+
+
+# A process of a run that maps a segment nobody will unlink (as vLLM's engine processes do when they are stopped),
+# and takes a second to exit when asked to.
+SEGMENT_HOLDER = """
+import signal, sys, time
+from multiprocessing import resource_tracker, shared_memory
+segment = shared_memory.SharedMemory(create=True, size=64)
+resource_tracker.unregister(segment._name, "shared_memory")
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))
+print(segment.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_drivers_exit_hook_stops_ray_then_removes_what_the_run_left(monkeypatch):
+    run_id = uuid.uuid4().hex
+    existing = vllm_cpu.shm_segments()
+    holder = subprocess.Popen([sys.executable, "-c", SEGMENT_HOLDER], env={**os.environ, vllm_cpu.RUN_ID_ENV: run_id},
+                              stdout=subprocess.PIPE, text=True)
+    name = holder.stdout.readline().strip()
+    try:
+        assert holder.pid in vllm_cpu.run_processes(run_id)  # (with its resource tracker)
+        assert name in vllm_cpu.shm_segments() and vllm_cpu.leftover_segments(existing) == set()  # mapped
+
+        class Ray:  # Ray's shutdown stops the run's processes, vLLM's among them
+            shutdowns = 0
+
+            @staticmethod
+            def is_initialized() -> bool:
+                return Ray.shutdowns == 0
+
+            @staticmethod
+            def shutdown(**_: Any) -> None:
+                Ray.shutdowns += 1
+                holder.terminate()
+
+        monkeypatch.setitem(sys.modules, "ray", Ray)
+        vllm_cpu._clean_up_at_exit(run_id, existing)
+        assert Ray.shutdowns == 1
+        assert vllm_cpu.run_processes(run_id) == []  # waited for the holder to exit
+        assert name not in vllm_cpu.shm_segments()
+    finally:
+        holder.kill()
+        holder.wait()
+        if name in vllm_cpu.shm_segments():
+            os.unlink(os.path.join(vllm_cpu.SHM_DIR, name))
 
 
 @pytest.mark.vllm  # reads facts from the vLLM environment
@@ -177,11 +321,15 @@ def test_demo_engine_vllm_runs_main_ppo_from_the_vllm_environment(tmp_path, monk
     spec = RLSpec(steps=2, engine="vllm", overrides=["actor_rollout_ref.rollout.n=4"])
     cmd = rl_command("MODEL", tmp_path / "t.parquet", tmp_path / "v.parquet", "URL", tmp_path, tmp_path, spec)
     assert cmd[0] == str(python)
-    assert cmd[-2:] == [vllm_cpu.ENGINE_OVERLAY, "actor_rollout_ref.rollout.n=4"]  # the user's overrides win
-    assert _rl_preset_values(spec.preset_overrides()).actor_rollout_ref.rollout.name == "vllm"
-    assert rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, RLSpec())[0] == sys.executable
+    assert cmd[cmd.index("--config-name") + 1:][:2] == [vllm_cpu.PRESET, "+demo=tiny"]
+    assert cmd[-1] == "actor_rollout_ref.rollout.n=4"  # the user's overrides win
+    values = _rl_preset_values(spec)
+    assert values.actor_rollout_ref.rollout.name == "vllm"
+    assert values.actor_rollout_ref.rollout.agent.default_agent_loop == "agentrl_agent"  # the demo's layer
+    hf = rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, RLSpec())
+    assert hf[0] == sys.executable and hf[hf.index("--config-name") + 1] == "cpu_tiny"
     with pytest.raises(ValueError, match="rl.engine='sglang'"):
-        RLSpec(engine="sglang").preset_overrides()
+        RLSpec(engine="sglang").preset()
     monkeypatch.setenv(vllm_cpu.PYTHON_ENV, str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="setup.sh --vllm"):
         rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, spec)

@@ -34,6 +34,22 @@ def main(model_dir: str) -> None:
     facts["verl_passes_wait_for_inflight"] = "wait_for_inflight_requests=" in inspect.getsource(
         vLLMHttpServer.abort_all_requests)
     facts["pause_adapted"] = bool(getattr(AsyncLLM.pause_generation, "__agentrl_compat__", False))
+    # The pause without abort the plugin gives verl's vLLM server, and the private members of verl's vLLM modules
+    # it relies on (the admission gate that abort_all_requests closes too).
+    facts["server_pause_added"] = vLLMHttpServer.pause_generation is vllm_cpu._pause_generation
+    abort = inspect.getsource(vLLMHttpServer.abort_all_requests)
+    from agentrl_verl.core import verl_seam
+
+    entries = [entry for entry in verl_seam.PRIVATE if verl_seam.needs_vllm(entry)]
+    facts["seam_vllm_entries"] = len(entries)
+    facts["seam_vllm_errors"] = []
+    for entry in entries:
+        try:
+            verl_seam.check(entry)
+        except verl_seam.VerlChanged as error:
+            facts["seam_vllm_errors"].append(str(error))
+        if entry.path.rpartition(".")[2] not in abort:
+            facts["seam_vllm_errors"].append(f"{entry.path} is no longer part of abort_all_requests's gate")
 
     facts["vllm_version"] = metadata.version("vllm")
     facts["verl_looks_up"] = verl_vllm.package_name
