@@ -244,10 +244,12 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
     core the process may use, at normal priority, and OpenMP threads that wait passively: the workers import torch
     before this package can set that (see ``agentrl_verl/__init__.py``), and with libgomp's spinning default the
     trainer, the two rollout replicas and the demo's own processes fight over the cores (RL steps of 60-90 s instead
-    of 8-15 s at load average 20-30). Values already set in the environment win.
+    of 8-15 s at load average 20-30). TransferQueue's own thread count defaults to 8, and it warns at every transfer
+    on a machine with fewer cores (thousands of log lines per run). Values already set in the environment win.
     """
     cores = str(len(os.sched_getaffinity(0)))
-    return {"OMP_NUM_THREADS": cores, "OMP_WAIT_POLICY": "PASSIVE", "RAY_worker_niceness": "0", **os.environ,
+    return {"OMP_NUM_THREADS": cores, "OMP_WAIT_POLICY": "PASSIVE", "TQ_NUM_THREADS": cores,
+            "RAY_worker_niceness": "0", **os.environ,
             "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
             "VERL_FILE_LOGGER_PATH": str(metrics_file), "PYTHONUNBUFFERED": "1"}
 

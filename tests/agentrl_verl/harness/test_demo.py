@@ -93,9 +93,10 @@ def test_progress_line_shows_reward_and_success_per_task():
 def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("TQ_NUM_THREADS", raising=False)
     env = rl_environment(tmp_path / "m.jsonl")
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) and env["RAY_worker_niceness"] == "0"
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["TQ_NUM_THREADS"] == env["OMP_NUM_THREADS"]
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "m.jsonl")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's settings win
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
