@@ -60,7 +60,11 @@ ENGINES = {"hf": (), "vllm": (vllm_cpu.ENGINE_OVERLAY,)}  # rollout engine -> it
 
 @dataclass
 class TaskSpec:
-    """One task of the demo: a worker of the stack, its share of RL prompts and its held-out indices."""
+    """One task of the demo: a worker of the stack, its share of RL prompts and its held-out indices.
+
+    A ``learnable`` task gets ``demonstrations`` expert episodes for the warm-up (default: the demo's
+    ``demonstrations``).
+    """
 
     name: str
     family: str
@@ -69,7 +73,12 @@ class TaskSpec:
     weight: float = 1.0
     held_out: int = 20
     learnable: bool = False
+    demonstrations: int | None = None
     needs_docker: bool = False
+
+    def demonstration_count(self, default: int) -> int:
+        """Expert episodes of the warm-up: 0 unless learnable, else :attr:`demonstrations` or ``default``."""
+        return 0 if not self.learnable else default if self.demonstrations is None else self.demonstrations
 
 
 @dataclass
@@ -536,8 +545,8 @@ def _run_phases(progress: DemoProgress) -> None:
 
         # Cold start on the learnable task(s).
         demos = [d for spec in learnable
-                 for d in generate_demonstrations(spec.family, train_indices[spec.name][: config.demonstrations],
-                                                  spec.options)]
+                 for d in generate_demonstrations(spec.family, train_indices[spec.name][: spec.demonstration_count(
+                     config.demonstrations)], spec.options)]
         progress.demonstrations = len(demos)
         logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
         warmup_eval = {s.name: held_out[s.name][: config.eval.warmup_indices] for s in learnable}
