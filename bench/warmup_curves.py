@@ -7,7 +7,8 @@ the first ``--eval-indices`` held-out indices of each learnable task greedily. U
 
     python -m bench.warmup_curves --config agentrl_verl/harness/presets/demo_multitask.yaml [--steps 300]
 
-Prints the demonstrations per family (count, tokens, seconds), one row per evaluation, and as its last line
+Prints the demonstrations per family (count, seconds, tokens of an episode and of its prompt, turns), one row per
+evaluation, and as its last line
 ``key=value`` pairs: seconds per training step (evaluations excluded), per evaluation, and the last success per
 family. ``--output FILE`` also writes the curves as JSON.
 """
@@ -57,11 +58,16 @@ def main() -> None:
             began = time.monotonic()
             train = indices[spec.name][spec.held_out:][: spec.demonstration_count(config.demonstrations)]
             episodes = generate_demonstrations(spec.family, train, spec.options)
-            tokens = [len(tokenize_episode(tokenizer, e.messages, e.tools)[0]) for e in episodes]
-            made[spec.name] = {"episodes": len(episodes), "tokens_mean": statistics.mean(tokens),
-                               "tokens_max": max(tokens), "seconds": time.monotonic() - began}
-            print(f"demonstrations {spec.name}: {len(episodes)} in {made[spec.name]['seconds']:.0f}s, tokens mean "
-                  f"{made[spec.name]['tokens_mean']:.0f} max {max(tokens)}", flush=True)
+            seconds = time.monotonic() - began
+            masks = [tokenize_episode(tokenizer, e.messages, e.tools)[1] for e in episodes]
+            made[spec.name] = {"episodes": len(episodes), "seconds": seconds,
+                               "tokens_mean": statistics.mean(map(len, masks)), "tokens_max": max(map(len, masks)),
+                               "prompt_tokens_mean": statistics.mean(m.index(1) for m in masks),
+                               "turns_mean": statistics.mean(sum(m["role"] == "assistant" for m in e.messages)
+                                                             for e in episodes)}
+            print(f"demonstrations {spec.name}: {len(episodes)} in {seconds:.0f}s; per episode: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in made[spec.name].items() if k not in ("episodes", "seconds")),
+                  flush=True)
             demos += episodes
         held_out = {t.name: indices[t.name][: min(t.held_out, args.eval_indices)] for t in learnable}
         sessions = {t.name: min(t.concurrency, 64) for t in learnable}
