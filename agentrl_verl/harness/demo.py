@@ -5,8 +5,9 @@ What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset `
 1. Builds (once, cached) the tiny offline model and tokenizer.
 2. Starts its own environment stack: a controller and workers of ``calc`` (learnable function calling), ``db``
    (DBBench on embedded SQLite) and ``os`` (OS interaction in Docker containers, when a daemon answers).
-3. Cold start: generates demonstrations of ``calc`` with a scripted expert through the real task code and
-   trains on them until greedy held-out success enters a window that leaves RL room (:mod:`.cold_start`).
+3. Cold start: generates demonstrations of each learnable task (``calc`` by default) with its scripted expert
+   through the real task code and trains on them until greedy held-out success enters a window that leaves RL
+   room (:mod:`.cold_start`).
 4. Evaluates every task on held-out indices through the stack (greedy, and sampled) with the agent loop that
    trains (:func:`agentrl_verl.harness.evaluate.evaluate_model`).
 5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
@@ -61,7 +62,11 @@ ENGINES = {"hf": "cpu_tiny", "vllm": vllm_cpu.PRESET}  # rollout engine -> main_
 
 @dataclass
 class TaskSpec:
-    """One task of the demo: a worker of the stack, its share of RL prompts and its held-out indices."""
+    """One task of the demo: a worker of the stack, its share of RL prompts and its held-out indices.
+
+    A ``learnable`` task gets ``demonstrations`` expert episodes for the warm-up (default: the demo's
+    ``demonstrations``).
+    """
 
     name: str
     family: str
@@ -70,7 +75,12 @@ class TaskSpec:
     weight: float = 1.0
     held_out: int = 20
     learnable: bool = False
+    demonstrations: int | None = None
     needs_docker: bool = False
+
+    def demonstration_count(self, default: int) -> int:
+        """Expert episodes of the warm-up: 0 unless learnable, else :attr:`demonstrations` or ``default``."""
+        return 0 if not self.learnable else default if self.demonstrations is None else self.demonstrations
 
 
 @dataclass
@@ -389,7 +399,8 @@ def plot_learning_curve(path: Path, warmup_history: list[dict[str, float]], rl_h
 
     fig, (ax_sft, ax_rl) = plt.subplots(1, 2, figsize=(11, 4))
     ax_sft.plot([h["step"] for h in warmup_history], [h["success"] for h in warmup_history], marker="o")
-    ax_sft.set(title="supervised warm-up (calc)", xlabel="step", ylabel="held-out greedy success", ylim=(-0.02, 1.02))
+    ax_sft.set(title="supervised warm-up", xlabel="step", ylabel="held-out greedy success (learnable tasks' mean)",
+               ylim=(-0.02, 1.02))
     for task in tasks:
         points = [(row["step"], row["data"][f"agentrl/{task}/success_rate"]) for row in rl_history
                   if f"agentrl/{task}/success_rate" in row["data"]]
@@ -545,8 +556,8 @@ def _run_phases(progress: DemoProgress) -> None:
 
         # Cold start on the learnable task(s).
         demos = [d for spec in learnable
-                 for d in generate_demonstrations(spec.family, train_indices[spec.name][: config.demonstrations],
-                                                  spec.options)]
+                 for d in generate_demonstrations(spec.family, train_indices[spec.name][: spec.demonstration_count(
+                     config.demonstrations)], spec.options)]
         progress.demonstrations = len(demos)
         logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
         warmup_eval = {s.name: held_out[s.name][: config.eval.warmup_indices] for s in learnable}

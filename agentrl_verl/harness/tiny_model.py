@@ -17,11 +17,11 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,39 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE_DIR", Path.home() / ".cache" / "agentrl_verl"))
 
 
-def _corpus(rng: random.Random) -> list[str]:
-    """Local text for BPE training: rendered tool-call dialogues, task descriptions and Python source."""
+# Expert episodes the tokenizer is trained on, rendered as the model sees them: (family, task options, indices).
+# Their easy settings as the multi-task demo runs them, on training indices (beyond every held-out range). Without
+# them these families' text is split into byte-level pieces: kg, webshop and alfworld episodes were 1.4-1.5x longer.
+CORPUS_EPISODES: tuple[tuple[str, dict[str, Any], range], ...] = (
+    ("calc", {"seed": 0, "size": 5000}, range(1000, 1300)),
+    ("kg", {"preset": "easy", "prompt": "short", "size": 400}, range(300, 340)),
+    ("webshop", {"preset": "easy", "prompt": "short", "page_size": 3}, range(300, 340)),
+    ("alfworld", {"task_types": ["pick_and_place_simple"], "max_receptacles": 3, "distractors": 0, "prompt": "short"},
+     range(300, 320)),
+)
+
+
+def corpus_families() -> list[str]:
+    """The families of :data:`CORPUS_EPISODES` installed here (``alfworld`` needs its extra: ``.[alfworld]``)."""
+    import importlib.util
+
+    families = []
+    for family, _, _ in CORPUS_EPISODES:
+        if family == "alfworld" and importlib.util.find_spec("alfworld") is None:
+            logger.warning("tokenizer corpus: alfworld is not installed (pip install -e '.[alfworld]'); its text is "
+                           "left out")
+            continue
+        families.append(family)
+    return families
+
+
+def _corpus(families: list[str]) -> list[str]:
+    """Local text for BPE training: the AgentBench OS and DB task descriptions and rendered expert episodes."""
     from importlib import resources
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from agentrl_verl.harness.cold_start import generate_demonstrations
 
     texts = []
     data = resources.files("env_adapters") / "data" / "agentbench"
@@ -95,19 +125,21 @@ def _corpus(rng: random.Random) -> list[str]:
         texts.append(item["description"])
     for line in (data / "dbbench" / "dev.jsonl").read_text().splitlines():
         texts.append(json.loads(line)["description"])
-    for _ in range(300):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        call = json.dumps({"name": "calculate", "arguments": {"expression": f"{a}+{b}"}})
-        texts.append(f"<|im_start|>user\nWhat is {a} plus {b}?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
-                     f"{call}\n</tool_call><|im_end|>\n<tool_response>\n{a + b}\n</tool_response>")
-    stdlib = Path(json.__file__).parent.parent
-    for path in sorted(stdlib.glob("*.py"))[:60]:
-        texts.append(path.read_text(errors="ignore"))
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+    for family, options, indices in CORPUS_EPISODES:
+        if family in families:
+            for episode in generate_demonstrations(family, list(indices), options):
+                texts.append(template.render(messages=episode.messages, tools=episode.tools))
     return texts
 
 
-def build_tokenizer(spec: TinyModelSpec):
-    """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast`` with the chat template."""
+def build_tokenizer(spec: TinyModelSpec, families: list[str] | None = None):
+    """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast`` with the chat template.
+
+    Args:
+        spec: Vocabulary size.
+        families: Task families whose expert episodes are in the corpus (default :func:`corpus_families`).
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -124,7 +156,7 @@ def build_tokenizer(spec: TinyModelSpec):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
     )
-    tok.train_from_iterator(_corpus(random.Random(spec.seed)), trainer=trainer)
+    tok.train_from_iterator(_corpus(families if families is not None else corpus_families()), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -159,16 +191,17 @@ def build_model(spec: TinyModelSpec, tokenizer):
     return Qwen2ForCausalLM(config)
 
 
-def _cache_key(spec: TinyModelSpec) -> str:
+def _cache_key(spec: TinyModelSpec, families: list[str]) -> str:
     source = Path(__file__).read_bytes()
-    blob = json.dumps(asdict(spec), sort_keys=True).encode() + source
+    blob = json.dumps([asdict(spec), families], sort_keys=True).encode() + source
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModelSpec | None = None) -> Path:
     """Build (or reuse) the tiny model and tokenizer and return their directory.
 
-    The directory name carries a hash of ``spec`` and of this file, so a change to either builds anew.
+    The directory name carries a hash of ``spec``, of this file and of the task families in the tokenizer's corpus,
+    so a change to any of them builds anew.
     The build writes to a temporary directory and renames it, so concurrent callers never see half a model.
 
     Args:
@@ -180,12 +213,13 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
     """
     spec = spec or TinyModelSpec()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-qwen2-{_cache_key(spec)}"
+    families = corpus_families()
+    target = root / f"tiny-qwen2-{_cache_key(spec, families)}"
     if (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
     logger.info("building tiny model and tokenizer in %s", target)
-    tokenizer = build_tokenizer(spec)
+    tokenizer = build_tokenizer(spec, families)
     model = build_model(spec, tokenizer)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:

@@ -27,6 +27,9 @@ previous action is invalid and you should try more options.
 1. the action must be chosen from the given available actions. Any actions except provided available actions will \
 be regarded as illegal.
 2. Always call the tool to hand in your next action and think when necessary."""
+# One line for tiny models (the task's ``prompt: short``): upstream's instruction costs ~250 tokens per episode.
+SHORT_INSTRUCTION = "Reach the task's goal: call take_action with one of the available actions."
+INSTRUCTIONS = {"upstream": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 TOOL = function_tool("take_action", "Take an action.",
                      {"action": {"type": "string", "description": "The action you would like to take"}})

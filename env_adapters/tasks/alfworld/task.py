@@ -38,8 +38,8 @@ DEFAULT_INDEX_FILE = "dev.json"
 class ALFWorldSession(SyncSession):
     """One game, played through ``take_action`` (blocking: the worker runs it in its thread pool)."""
 
-    def __init__(self, data: dict[str, Any], max_step: int) -> None:
-        self.data, self.max_step = data, max_step
+    def __init__(self, data: dict[str, Any], max_step: int, instruction: str = agentbench.INSTRUCTION) -> None:
+        self.data, self.max_step, self.instruction = data, max_step, instruction
         self.game: Game | None = None
         self.rounds = 0
         self.status = SampleStatus.COMPLETED  # what a won game reports; invalid rounds change it, as upstream
@@ -55,7 +55,7 @@ class ALFWorldSession(SyncSession):
         self.game = Game(self.data)
         first = self.game.reset()
         self.commands = first.admissible_commands
-        messages = [{"role": "system", "content": agentbench.INSTRUCTION},
+        messages = [{"role": "system", "content": self.instruction},
                     {"role": "user", "content": agentbench.task_prompt(first.text, self.commands)}]
         result = self._result(messages)
         result.tools = agentbench.TOOLS
@@ -117,17 +117,22 @@ class ALFWorldTask(Task):
         index_file: For ``files``: a JSON file ``{task type: [game.tw-pddl paths relative to data_path]}``
             (default: AgentBench's ALFWorld dev split, 20 games).
         max_step: Rounds per episode (upstream: 20).
+        prompt: ``upstream`` (upstream's instruction) or ``short`` (one line, for tiny models).
     """
 
     def __init__(self, games: str = "generated", seed: int = 0, split: str = "train", size: int = 500,
                  task_types: list[str] | None = None, max_receptacles: int | None = None, distractors: int = 10,
-                 data_path: str | None = None, index_file: str | None = None, max_step: int = 20) -> None:
+                 data_path: str | None = None, index_file: str | None = None, max_step: int = 20,
+                 prompt: str = "upstream") -> None:
         if games not in ("generated", "files"):
             raise ValueError(f"alfworld: games must be 'generated' or 'files', got {games!r}")
         if max_step < 1 or size < 1:
             raise ValueError(f"alfworld: max_step and size must be >= 1, got max_step={max_step}, size={size}")
         if split not in SPLITS:
             raise ValueError(f"alfworld: split must be one of {list(SPLITS)}, got {split!r}")
+        if prompt not in agentbench.INSTRUCTIONS:
+            raise ValueError(f"alfworld: prompt must be one of {sorted(agentbench.INSTRUCTIONS)}, got {prompt!r}")
+        self.instruction = agentbench.INSTRUCTIONS[prompt]
         self.games, self.seed, self.split, self.size, self.max_step = games, int(seed), split, int(size), int(max_step)
         self.difficulty = Difficulty(tuple(task_types or TASK_TYPES), max_receptacles, int(distractors))
         self.files: list[Path] = []
@@ -158,7 +163,7 @@ class ALFWorldTask(Task):
 
     async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> ALFWorldSession:
         data = await run_blocking(self.game_data, self._check(index))
-        return ALFWorldSession(data, self.max_step)
+        return ALFWorldSession(data, self.max_step, self.instruction)
 
     def walkthrough(self, index: Index) -> list[str]:
         """The planner's winning command sequence for ``index`` (blocking; cached)."""

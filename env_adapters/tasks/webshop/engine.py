@@ -8,7 +8,8 @@ anything else changes nothing. Pages (AgentBench's version of the templates):
 
 - search: ``WebShop [SEP] Instruction: [SEP] <instruction> [SEP] Search``
 - results: ``Instruction: [SEP] <instruction> [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next >
-  [SEP] <ASIN> [SEP] <title> [SEP] <price> ...`` (10 a page, ``< Prev`` after the first page)
+  [SEP] <ASIN> [SEP] <title> [SEP] <price> ...`` (10 a page as upstream, or ``page_size``; ``< Prev`` after the
+  first page)
 - item: ``... [SEP] Back to Search [SEP] < Prev [SEP] <option name> [SEP] <values...> ... [SEP] <title> [SEP]
   Price: <price> [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now``
 - description / features / reviews: ``... [SEP] Back to Search [SEP] < Prev [SEP] <text...>``
@@ -104,11 +105,13 @@ class WebShopEnv:
         shop: The shared shop.
         goal: The goal of this episode.
         rng: Randomness of ``<r>`` searches.
+        page_size: Products per results page (upstream: 10).
     """
 
     shop: Shop
     goal: Goal
     rng: random.Random = field(default_factory=random.Random)
+    page_size: int = PRODUCT_WINDOW
     page: Page = Page.SEARCH
     keywords: list[str] | None = None
     page_number: int = 1
@@ -164,11 +167,11 @@ class WebShopEnv:
 
     def _page_buttons(self) -> list[str]:
         buttons = [PREV_PAGE] if self.page_number > 1 else []
-        return buttons + ([NEXT_PAGE] if self.page_number * PRODUCT_WINDOW < len(self.results) else [])
+        return buttons + ([NEXT_PAGE] if self.page_number * self.page_size < len(self.results) else [])
 
     def _page_products(self) -> list[Product]:
-        start = (self.page_number - 1) * PRODUCT_WINDOW
-        return self.results[start:start + PRODUCT_WINDOW]
+        start = (self.page_number - 1) * self.page_size
+        return self.results[start:start + self.page_size]
 
     @property
     def product(self) -> Product:

@@ -31,7 +31,7 @@ from typing import Any
 from env_adapters.protocol import Index, Message, SampleStatus
 from env_adapters.task import StepResult, SyncSession, Task, TaskError, function_tool, register_task
 from env_adapters.tasks.webshop.catalogue import Catalogue, Goal
-from env_adapters.tasks.webshop.engine import Page, Shop, WebShopEnv
+from env_adapters.tasks.webshop.engine import PRODUCT_WINDOW, Page, Shop, WebShopEnv
 from env_adapters.tasks.webshop.generator import PRESETS, GeneratorConfig, generate_catalogue, preset
 
 SYSTEM_PROMPT = """
@@ -49,6 +49,9 @@ Your should first think about what to do, then call a tool correspondingly.
 You should always use a tool, even if you have questions to confirm. You can use whatever tool is available and \
 do not need permission from the user.
 """
+# One line for tiny models (option ``prompt: short``): upstream's rules cost ~200 tokens of every episode.
+SHORT_PROMPT = "Shop for the instruction's product: search, then click values from the available actions."
+PROMPTS = {"upstream": SYSTEM_PROMPT, "short": SHORT_PROMPT}
 
 TOOLS = [
     function_tool("search_action", "Use search functionality with specified keywords.",
@@ -98,9 +101,10 @@ def _tool_message(call_id: str | None, content: str) -> Message:
 class WebShopSession(SyncSession):
     """One shopping episode: a browser on the shared shop, driven by upstream's round loop."""
 
-    def __init__(self, shop: Shop, goal: Goal, max_rounds: int, rng: random.Random) -> None:
-        self.env = WebShopEnv(shop, goal, rng)
-        self.max_rounds = max_rounds
+    def __init__(self, shop: Shop, goal: Goal, max_rounds: int, rng: random.Random, system_prompt: str = SYSTEM_PROMPT,
+                 page_size: int = PRODUCT_WINDOW) -> None:
+        self.env = WebShopEnv(shop, goal, rng, page_size=page_size)
+        self.max_rounds, self.system_prompt = max_rounds, system_prompt
         self.rounds = 0
         self.observation = self.env.observation
         self.action: str | None = None
@@ -123,7 +127,7 @@ class WebShopSession(SyncSession):
         return metrics
 
     def reset(self) -> StepResult:
-        return StepResult(messages=[{"role": "system", "content": SYSTEM_PROMPT}, self._prompt(first=True)],
+        return StepResult(messages=[{"role": "system", "content": self.system_prompt}, self._prompt(first=True)],
                           tools=TOOLS, metrics=self.metrics())
 
     def step(self, message: Message) -> StepResult:
@@ -163,14 +167,19 @@ class WebShopTask(Task):
         start: First goal index served (upstream's ``start``).
         end: One past the last goal index served (upstream's ``end``); default all goals.
         max_rounds: Assistant messages per episode (upstream's ``round``: 20).
+        prompt: ``upstream`` (upstream's system prompt) or ``short`` (one line, for tiny models).
+        page_size: Products per results page (upstream: 10; fewer make shorter episodes).
     """
 
     def __init__(self, catalogue: str = "generated", preset: str = "standard", generator: dict[str, Any] | None = None,
                  seed: int = 0, num_products: int | None = None, start: int = 0, end: int | None = None,
-                 max_rounds: int = 20) -> None:
-        if max_rounds < 1:
-            raise ValueError(f"webshop task: max_rounds must be >= 1, got {max_rounds}")
+                 max_rounds: int = 20, prompt: str = "upstream", page_size: int = PRODUCT_WINDOW) -> None:
+        if max_rounds < 1 or page_size < 1:
+            raise ValueError(f"webshop task: max_rounds and page_size must be >= 1, got {max_rounds} and {page_size}")
+        if prompt not in PROMPTS:
+            raise ValueError(f"webshop task: prompt must be one of {sorted(PROMPTS)}, got {prompt!r}")
         self.seed, self.max_rounds = int(seed), int(max_rounds)
+        self.system_prompt, self.page_size = PROMPTS[prompt], int(page_size)
         if catalogue == "generated":
             if num_products is not None:
                 raise ValueError("webshop task: num_products applies to upstream's files; for the generated "
@@ -213,7 +222,7 @@ class WebShopTask(Task):
         self._sessions_started += 1
         # <r> searches: reproducible per (seed, index, session number), independent across sessions.
         rng = random.Random(f"{self.seed}:{index}:{self._sessions_started}")
-        return WebShopSession(self.shop, self.goal(index), self.max_rounds, rng)
+        return WebShopSession(self.shop, self.goal(index), self.max_rounds, rng, self.system_prompt, self.page_size)
 
 
 def _generator_config(name: str, knobs: dict[str, Any]) -> GeneratorConfig:

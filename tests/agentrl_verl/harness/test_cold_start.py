@@ -94,3 +94,22 @@ def test_warmup_evaluates_every_step_once_success_starts_and_stops_in_the_window
     # Every 3 steps until 0.1 >= 0.05, then every step; stops at the first evaluation >= 0.6.
     assert [row["step"] for row in result.history] == [3, 6, 7, 8]
     assert result.steps == 8 and result.success == 0.7
+
+
+def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(model_dir, tokenizer, demos):
+    import torch
+
+    from agentrl_verl.harness.cold_start import _length_groups, _masked_lm_loss
+
+    short = [tokenize_episode(tokenizer, d.messages, d.tools) for d in demos[:6]]
+    batch = [*short, (short[0][0] * 3, short[0][1] * 3), (short[1][0] * 5, short[1][1] * 5)]  # three lengths
+    assert [len(g) for g in _length_groups(batch, 8 * len(short[0][0]))] == [6, 1, 1]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    results = []
+    for max_tokens in (10**9, 1):  # one padded batch; every sequence on its own
+        model.zero_grad()
+        loss = _masked_lm_loss(model, batch, tokenizer.pad_token_id, max_tokens)
+        loss.backward()
+        results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], rtol=1e-4, atol=1e-7)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
 
 DEMO_RUN = Path(CONFIG_DIR) / "demo_run.yaml"
+MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
 
 
 def test_settings_load_validate_and_override():
@@ -51,6 +53,38 @@ def test_settings_load_validate_and_override():
         load_demo_config(None, ["rl.steps=many"])
     with pytest.raises(ValueError, match="learnable"):
         load_demo_config(None, ["tasks.0.learnable=false"])
+
+
+def test_demonstrations_per_task_default_to_the_demos_count():
+    config = load_demo_config(None, ["tasks.0.demonstrations=7"])
+    assert [t.demonstration_count(config.demonstrations) for t in config.tasks] == [7, 0, 0, 0, 0]
+    config = load_demo_config()
+    assert config.tasks[0].demonstration_count(config.demonstrations) == config.demonstrations == 2000
+
+
+def test_multitask_settings_give_each_family_demonstrations_and_room_for_its_episodes(tokenizer):
+    """Every family of the multi-task demo is learnable, has training indices for its demonstrations, and its
+    expert's episodes fit the evaluation's and the RL run's budgets (prompt, response, turns, tokens per turn)."""
+    from agentrl_verl.harness.cold_start import generate_demonstrations, tokenize_episode
+    from agentrl_verl.harness.demo import _rl_preset_values
+    from env_adapters.task import get_task_class
+
+    config = load_demo_config(MULTITASK)
+    assert [(t.name, t.learnable) for t in config.tasks] == [(f, True) for f in ("calc", "kg", "webshop", "alfworld")]
+    rl = _rl_preset_values(config.rl.preset_overrides())
+    agent = rl.agentrl.agent
+    for spec in config.tasks:
+        indices = get_task_class(spec.family)(**spec.options).indices()
+        count = spec.demonstration_count(config.demonstrations)
+        assert len(indices) >= spec.held_out + count, spec.name
+        for episode in generate_demonstrations(spec.family, indices[spec.held_out + count - 3:][:3], spec.options):
+            ids, mask = tokenize_episode(tokenizer, episode.messages, episode.tools)
+            prompt = mask.index(1)  # the opening messages and the first assistant header
+            turns = [len(list(run)) for trained, run in itertools.groupby(mask) if trained]
+            assert prompt <= rl.data.max_prompt_length and len(ids) - prompt <= rl.data.max_response_length
+            assert len(ids) <= min(agent.max_total_tokens, config.eval.max_context), (spec.name, len(ids))
+            assert len(turns) <= min(agent.max_turns, config.eval.max_turns), spec.name
+            assert max(turns) <= min(agent.max_new_tokens, config.eval.max_new_tokens), spec.name
 
 
 def test_stack_config_takes_a_free_port_and_one_worker_per_task():

@@ -132,6 +132,16 @@ def test_generator_is_seeded_and_keeps_held_out_floor_plans_apart():
     assert [g["task_type"] for g in train[:6]] == list(TASK_TYPES)
 
 
+async def test_short_prompt_replaces_upstreams_instruction():
+    task = ALFWorldTask(size=4, prompt="short", **EASY)
+    session, opening = await session_of(task, 0)
+    try:
+        assert opening.messages[0] == {"role": "system", "content": agentbench.SHORT_INSTRUCTION}
+        assert opening.messages[1]["content"].startswith("Here is your task.")
+    finally:
+        session.close()
+
+
 def test_easy_setting_is_small():
     for i in range(10):
         problem = generate(0, "train", i, Difficulty(**{**EASY, "task_types": ("pick_and_place_simple",)}))
@@ -142,7 +152,8 @@ def test_easy_setting_is_small():
 def test_bad_options_name_themselves():
     for options, word in [({"games": "web"}, "games"), ({"split": "valid"}, "split"), ({"max_step": 0}, "max_step"),
                           ({"task_types": ["juggle"]}, "task_types"), ({"max_receptacles": 1}, "max_receptacles"),
-                          ({"distractors": -1}, "distractors"), ({"games": "files"}, "data_path")]:
+                          ({"distractors": -1}, "distractors"), ({"games": "files"}, "data_path"),
+                          ({"prompt": "long"}, "prompt")]:
         with pytest.raises(ValueError, match=word):
             ALFWorldTask(**options)
     assert get_task_class("alfworld") is ALFWorldTask

@@ -12,7 +12,7 @@ from env_adapters.tasks.webshop import WebShopTask
 from env_adapters.tasks.webshop.catalogue import Catalogue, Goal
 from env_adapters.tasks.webshop.engine import Shop, WebShopEnv
 from env_adapters.tasks.webshop.expert import expert
-from env_adapters.tasks.webshop.task import TOOLS, WebShopSession
+from env_adapters.tasks.webshop.task import SHORT_PROMPT, TOOLS, WebShopSession
 
 INSTRUCTION = "i need trail shoes, and price lower than 50.00 dollars"
 
@@ -141,6 +141,20 @@ def test_session_protocol_as_agentbench():
     assert result.status is SampleStatus.TASK_LIMIT_REACHED and result.reward == 0.0
     assert result.messages == [{"role": "tool", "tool_call_id": "c3", "content": "Task limit reached."}]
     assert result.metrics["rounds"] == 6 and result.metrics["searches"] == 1
+
+
+async def test_short_prompt_and_page_size():
+    """``prompt: short`` replaces upstream's system prompt by one line; ``page_size`` products a results page."""
+    task = WebShopTask(preset="easy", prompt="short", page_size=2)
+    session = await task.start_session(task.indices()[0])
+    system, first = session.reset().messages
+    assert system == {"role": "system", "content": SHORT_PROMPT} and first["content"].startswith("The initial obs")
+    page = session.step(call("search_action", keywords="shampoo")).messages[0]["content"]
+    assert page.count(" [SEP] B0") == 2 and "Next >" in page
+    assert "'b0" in page and page.split("'clickables': ")[1].count("'b0") == 2
+    for options, word in [({"prompt": "long"}, "prompt"), ({"page_size": 0}, "page_size")]:
+        with pytest.raises(ValueError, match=word):
+            WebShopTask(preset="easy", **options)
 
 
 async def test_near_miss_purchases_get_upstream_partial_reward():
