@@ -546,9 +546,10 @@ def _run_phases(progress: DemoProgress) -> None:
         logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
         warmup_eval = {s.name: held_out[s.name][: config.eval.warmup_indices] for s in learnable}
 
-        def warmup_success(model) -> float:
-            results = evaluate_tasks(stack.url, model, tokenizer, warmup_eval, config.eval, sessions, seed=config.seed)
-            return sum(r.success_rate for r in results.values()) / len(results)
+        def warmup_success(model, part: slice) -> list[bool]:
+            splits = {name: indices[part] for name, indices in warmup_eval.items() if indices[part]}
+            results = evaluate_tasks(stack.url, model, tokenizer, splits, config.eval, sessions, seed=config.seed)
+            return [episode["success"] for result in results.values() for episode in result.episodes]
 
         progress.warm = warm = supervised_warmup(model_dir, demos, out / "warmup_model", warmup_success,
                                                  config.warmup)
