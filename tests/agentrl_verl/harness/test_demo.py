@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -334,6 +335,19 @@ def test_ctrl_c_during_rl_stops_everything(tmp_path):
     summary = json.loads((out / "summary.json").read_text())  # what was measured, and why it stopped
     assert summary["status"] == "stopped" and summary["stopped_because"] == "interrupted (Ctrl-C)"
     assert summary["warmup"]["steps"] == 5 and "greedy" in summary["tasks"]["calc"]
+
+
+def test_the_rl_preset_trains_every_turn_against_the_policy_that_sampled_it(caplog):
+    from agentrl_verl.harness.demo import check_rl_settings
+
+    config = load_demo_config()
+    with caplog.at_level(logging.WARNING, logger="agentrl_verl.core.config"):
+        check_rl_settings(config.rl)
+    assert "behaviour-policy correction" not in caplog.text
+    config.rl.overrides = ["algorithm.rollout_correction.bypass_mode=false"]
+    with caplog.at_level(logging.WARNING, logger="agentrl_verl.core.config"):
+        check_rl_settings(config.rl)
+    assert "cross-policy sampling without behaviour-policy correction" in caplog.text
 
 
 def test_rl_settings_are_validated_before_the_warm_up():
