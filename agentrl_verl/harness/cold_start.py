@@ -13,7 +13,7 @@ kept in-process so that it can stop early on held-out success):
    (through a callback: the demo plays the episodes with the training agent loop,
    :func:`agentrl_verl.harness.evaluate.evaluate_model`), stopping inside a success window so that RL has room left.
    Once success starts to rise it checks after every step, each check first playing a few of the held-out indices
-   and the rest only when those come near the stop (what the evaluations cost is what the warm-up costs).
+   and the rest only when those come near the stop (the checks, not the training steps, were most of its time).
 """
 
 from __future__ import annotations
