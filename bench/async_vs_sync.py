@@ -135,14 +135,14 @@ def calc_stack(seed: int, size: int) -> EnvStack:
         {"task": "calc", "name": "calc", "concurrency": 64, "options": {"seed": seed, "size": size}}]})
 
 
-def calc_success(env_url: str, model, tokenizer, indices: list[int], seed: int, greedy: bool = True) -> float:
-    """Success rate of ``model`` on calc ``indices`` served at ``env_url``, played with the training agent loop and
-    the demo's evaluation settings: greedy, or sampled at the runs' temperature (seeded)."""
+def calc_successes(env_url: str, model, tokenizer, indices: list[int], seed: int, greedy: bool = True) -> list[bool]:
+    """Success of each episode of ``model`` on calc ``indices`` served at ``env_url``, played with the training agent
+    loop and the demo's evaluation settings: greedy, or sampled at the runs' temperature (seeded)."""
     spec = DEMO.eval
     results = evaluate_model(env_url, model, tokenizer, {"calc": indices}, greedy=greedy, temperature=spec.temperature,
                              max_turns=spec.max_turns, max_new_tokens=spec.max_new_tokens,
                              max_context=spec.max_context, concurrency=64, seed=seed)
-    return results["calc"].success_rate
+    return [episode["success"] for episode in results["calc"].episodes]
 
 
 def held_out_success(models: dict[str, Path], start: Path, size: int) -> dict[str, float]:
@@ -159,7 +159,8 @@ def held_out_success(models: dict[str, Path], start: Path, size: int) -> dict[st
     with calc_stack(DEMO.seed, indices[-1] + 1) as stack:
         for name, path in models.items():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            results[name] = calc_success(stack.url, model, tokenizer, indices, DEMO.seed, greedy=False)
+            outcomes = calc_successes(stack.url, model, tokenizer, indices, DEMO.seed, greedy=False)
+            results[name] = sum(outcomes) / len(outcomes)
             logger.info("held-out calc success (%d episodes, sampled) of the %s model: %.3f", len(indices), name,
                         results[name])
     return results
@@ -227,7 +228,8 @@ def cold_started_model() -> Path:
     try:
         with calc_stack(DEMO.seed, held_out[-1] + 1) as stack:
             warm = supervised_warmup(base, demos, build,
-                                     lambda model: calc_success(stack.url, model, tokenizer, held_out, DEMO.seed),
+                                     lambda model, part: calc_successes(stack.url, model, tokenizer, held_out[part],
+                                                                        DEMO.seed),
                                      DEMO.warmup)
         logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
         (build / "cold_start.json").write_text(json.dumps({"steps": warm.steps, "success": warm.success}))

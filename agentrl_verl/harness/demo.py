@@ -253,8 +253,8 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
     machine oversubscribes it). The demo's trainer and rollout workers are the heavy processes, so each gets every
     core the process may use, at normal priority, and OpenMP threads that wait passively: the workers import torch
     before this package can set that (see ``agentrl_verl/__init__.py``), and with libgomp's spinning default the
-    trainer, the two rollout replicas and the demo's own processes fight over the cores (RL steps of 60-90 s instead
-    of 8-15 s at load average 20-30). TransferQueue's own thread count defaults to 8, and it warns at every transfer
+    trainer, the two rollout replicas and the agent loop fight over the cores (RL steps of 60-90 s instead of 8-15 s
+    at load average 20-30). TransferQueue's own thread count defaults to 8, and it warns at every transfer
     on a machine with fewer cores (thousands of log lines per run). Values already set in the environment win.
     """
     cores = str(len(os.sched_getaffinity(0)))
@@ -562,9 +562,10 @@ def _run_phases(progress: DemoProgress) -> None:
         logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
         warmup_eval = {s.name: held_out[s.name][: config.eval.warmup_indices] for s in learnable}
 
-        def warmup_success(model) -> float:
-            results = evaluate_tasks(stack.url, model, tokenizer, warmup_eval, config.eval, sessions, seed=config.seed)
-            return sum(r.success_rate for r in results.values()) / len(results)
+        def warmup_success(model, part: slice) -> list[bool]:
+            splits = {name: indices[part] for name, indices in warmup_eval.items() if indices[part]}
+            results = evaluate_tasks(stack.url, model, tokenizer, splits, config.eval, sessions, seed=config.seed)
+            return [episode["success"] for result in results.values() for episode in result.episodes]
 
         progress.warm = warm = supervised_warmup(model_dir, demos, out / "warmup_model", warmup_success,
                                                  config.warmup)

@@ -12,6 +12,7 @@ from agentrl_verl.core.async_trainer import (
     AdmissionPump,
     AgentRLAsyncTrainer,
     Pipeline,
+    grouped,
     snapshot_groups,
 )
 from agentrl_verl.core.config import AsyncConfig
@@ -36,6 +37,14 @@ def test_snapshot_uses_oldest_turn_of_finished_groups_and_admission_version_of_r
     assert snapshot_groups(_listing({"e": "finished"}, {"e_0_0": 1, "e_1_0": 6}), {"e": 5})["groups"][0].version == 5
     # A group the pump did not admit (resumed run) falls back to its submission step - 1.
     assert snapshot_groups(_listing({"x": "running"}, {}), {})["groups"][0].version == 2
+
+
+def test_a_batch_holds_each_group_together_in_order_of_arrival():
+    # Episodes end interleaved across groups; verl cuts the batch into micro-batches in this order.
+    items = _listing({"b": "finished", "a": "finished"},
+                     {"b_0_0": 1, "a_1_0": 1, "b_1_0": 1, "a_0_0": 1, "b_2_0": 1})
+    assert list(grouped(items)) == ["b", "b_0_0", "b_1_0", "b_2_0", "a", "a_1_0", "a_0_0"]
+    assert grouped(items) == items  # the same keys and tags
 
 
 def test_pump_admits_up_to_the_pacer_quota_and_tags_the_version(monkeypatch):

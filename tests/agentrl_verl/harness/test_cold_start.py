@@ -77,23 +77,40 @@ def _assistant_spans(tokenizer, demo: Episode) -> list[str]:
 
 def test_warmup_lowers_the_loss_and_saves_a_model(model_dir, demos, tmp_path):
     calls = []
-    result = supervised_warmup(model_dir, demos, tmp_path / "sft", lambda model: calls.append(1) or 0.0,
+    result = supervised_warmup(model_dir, demos, tmp_path / "sft", lambda model, part: calls.append(part) or [False],
                                WarmupConfig(max_steps=6, batch_size=8, eval_every=3))
-    assert result.steps == 6 and len(calls) == 2 and len(result.history) == 2
+    assert result.steps == 6 and calls == [slice(None)] * 2 and len(result.history) == 2
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     reloaded = AutoModelForCausalLM.from_pretrained(result.path)
     assert sum(p.numel() for p in reloaded.parameters()) > 0
     assert AutoTokenizer.from_pretrained(result.path)("x")["input_ids"]
 
 
+class HeldOut:
+    """A stand-in for the held-out evaluation: 20 indices, the number of successes at each check given up front
+    (the first indices succeed); records what each check played."""
+
+    def __init__(self, successes: list[int]) -> None:
+        self.successes, self.parts = iter(successes), []
+        self.current: list[bool] = []
+
+    def __call__(self, model, part: slice) -> list[bool]:
+        if part.start in (None, 0):  # a new check
+            n = next(self.successes)
+            self.current = [i < n for i in range(20)]
+        self.parts.append((part.start, part.stop))
+        return self.current[part]
+
+
 def test_warmup_evaluates_every_step_once_success_starts_and_stops_in_the_window(model_dir, demos, tmp_path):
-    scores = iter([0.0, 0.1, 0.3, 0.7, 0.9])
-    result = supervised_warmup(model_dir, demos, tmp_path / "sft", lambda model: next(scores),
+    held_out = HeldOut([0, 2, 6, 14, 18])
+    result = supervised_warmup(model_dir, demos, tmp_path / "sft", held_out,
                                WarmupConfig(max_steps=20, batch_size=4, eval_every=3, dense_eval_from=0.05,
-                                            stop_success=0.6))
+                                            stop_success=0.6, screen_indices=0))
     # Every 3 steps until 0.1 >= 0.05, then every step; stops at the first evaluation >= 0.6.
     assert [row["step"] for row in result.history] == [3, 6, 7, 8]
     assert result.steps == 8 and result.success == 0.7
+    assert held_out.parts == [(None, None)] * 4
 
 
 def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(model_dir, tokenizer, demos):
@@ -113,3 +130,29 @@ def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(m
         results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     assert torch.allclose(results[0][1], results[1][1], rtol=1e-4, atol=1e-7)
+
+
+def test_checks_after_every_step_are_screened_and_the_stop_is_decided_on_every_index(model_dir, demos, tmp_path):
+    # Successes among 20 indices at each check; the screen is the first 5 (the first n indices succeed).
+    held_out = HeldOut([2, 4, 8, 9, 13])
+    result = supervised_warmup(model_dir, demos, tmp_path / "sft", held_out,
+                               WarmupConfig(max_steps=20, batch_size=4, eval_every=3, dense_eval_from=0.05,
+                                            stop_success=0.6, screen_indices=5, screen_margin=0.15))
+    # Step 3: every index (0.1 >= 0.05: dense from now on). Steps 4-5: the screen (4/5 and 5/5 succeed) reaches
+    # 0.6 - 0.15, so the rest is played too: 0.2 and 0.4, short of the stop. Step 6: 0.45 on all. Step 7: 0.65, stop.
+    assert [(row["step"], row["success"], row["episodes"]) for row in result.history] == [
+        (3, 0.1, 20), (4, 0.2, 20), (5, 0.4, 20), (6, 0.45, 20), (7, 0.65, 20)]
+    assert held_out.parts == [(None, None)] + [(0, 5), (5, None)] * 4
+    assert result.steps == 7 and result.success == 0.65
+
+
+def test_a_screen_short_of_the_stop_plays_no_more_and_checks_stay_dense(model_dir, demos, tmp_path):
+    held_out = HeldOut([2, 0, 1, 13])
+    result = supervised_warmup(model_dir, demos, tmp_path / "sft", held_out,
+                               WarmupConfig(max_steps=20, batch_size=4, eval_every=3, dense_eval_from=0.05,
+                                            stop_success=0.6, screen_indices=5, screen_margin=0.15))
+    # Steps 4 and 5: 0 and 1 of the 5 screened (< 0.6 - 0.15), nothing more played; after a screen below
+    # dense_eval_from the next step is still checked. Step 6: 5/5 screened, then 13/20 = 0.65 on all: stop.
+    assert [(row["step"], row["success"], row["episodes"]) for row in result.history] == [
+        (3, 0.1, 20), (4, 0.0, 5), (5, 0.2, 5), (6, 0.65, 20)]
+    assert held_out.parts == [(None, None), (0, 5), (0, 5), (0, 5), (5, None)]
