@@ -72,7 +72,7 @@ def test_multitask_settings_give_each_family_demonstrations_and_room_for_its_epi
 
     config = load_demo_config(MULTITASK)
     assert [(t.name, t.learnable) for t in config.tasks] == [(f, True) for f in ("calc", "kg", "webshop", "alfworld")]
-    rl = _rl_preset_values(config.rl.preset_overrides())
+    rl = _rl_preset_values(config.rl)
     agent = rl.agentrl.agent
     for spec in config.tasks:
         indices = get_task_class(spec.family)(**spec.options).indices()
