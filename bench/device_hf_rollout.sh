@@ -4,7 +4,8 @@
 #   2. the hf server as a Ray actor placed on the GPU, loaded through the verl plugin (platform must be nvidia);
 #   3. verl's main_ppo (GRPO, 2 steps) with rollout.name=hf and the cpu_tiny preset, on the GPU.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-# (the bundle must carry httptools, uvloop, orjson and docker: the plugin imports the environment client).
+# (stages 2-3 need the environment side's wheels in the bundle: httptools, uvloop, orjson and docker for the
+# environment client the plugin imports, pyoxigraph for the kg episodes the tiny model's tokenizer is trained on).
 # Run (device tool):  carry [".verl_bundle"], command "bash bench/device_hf_rollout.sh"
 # Results go to $OUT (bench.txt, server.txt, main_ppo.txt).
 set -uo pipefail
@@ -19,6 +20,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 echo "== 1. bench"
 timeout 300 python3 -m bench.hf_rollout --model qwen2-0.5b --concurrency 1 8 32 --prompt-len 128 --new-tokens 128 --repeats 3 \
   2>&1 | tee "$OUT/bench.txt"
+
+python3 -c "import httptools, uvloop, orjson, docker, pyoxigraph" ||
+  { echo "stages 2-3 skipped: the bundle lacks the environment side's wheels (see the top of this script)"; exit 1; }
 
 echo "== 2. server actor on the GPU"
 timeout 120 python3 - <<'EOF' 2>&1 | grep -v Warning | tee "$OUT/server.txt"

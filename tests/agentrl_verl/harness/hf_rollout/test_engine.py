@@ -93,6 +93,41 @@ async def test_new_requests_are_prefilled_as_one_batch_and_identical_prompts_onc
     assert [o.token_ids for o in outs] == [generate_reference(model, p, 12) for p in group]
 
 
+async def test_decodes_many_steps_per_worker_call_and_masks_only_a_padded_batch(tiny, prompts):
+    model, _ = tiny
+    engine = make_engine(model, prefix_cache_entries=0)
+    steps, masks = [], []  # rows admitted per worker call; attention mask of each decode forward
+    step = engine._step
+    engine._step = lambda admitted: steps.append(len(admitted)) or step(admitted)
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs["attention_mask"]) if kwargs["input_ids"].shape[1] == 1
+        else None, with_kwargs=True)
+    same_length = [prompts[0][:-1] + [i + 5] for i in range(3)]
+    try:
+        same = await asyncio.gather(*[engine.generate(f"s{i}", p, GREEDY) for i, p in enumerate(same_length)])
+        assert steps == [3]  # prefill and all 11 decode steps in one worker call: no finish, nobody waiting
+        assert len(masks) == 11 and all(m is None for m in masks)  # no padding: no mask
+        masks.clear()
+        await asyncio.gather(*[engine.generate(f"p{i}", p, GREEDY) for i, p in enumerate(prompts[:2])])
+        assert len(masks) == 11 and all(m is not None and not m.all() for m in masks)
+    finally:
+        hook.remove()
+    assert [o.token_ids for o in same] == [generate_reference(model, p, 12) for p in same_length]
+
+
+async def test_request_arriving_mid_decode_joins_the_running_batch(tiny, prompts):
+    model, _ = tiny
+    engine = make_engine(model)
+    long = asyncio.create_task(engine.generate("long", prompts[0], SamplingParams(max_tokens=10_000, temperature=0)))
+    while engine.num_running < 1:
+        await asyncio.sleep(0.01)
+    short = await engine.generate("short", prompts[1], GREEDY)
+    assert not long.done()  # the short request did not wait for the long one to finish
+    assert short.token_ids == generate_reference(model, prompts[1], 12)
+    await engine.abort_all()
+    assert (await long).finish_reason == "abort"
+
+
 async def test_requests_beyond_max_batch_size_wait_and_complete(tiny, prompts):
     model, _ = tiny
     engine = make_engine(model, max_batch_size=2)
