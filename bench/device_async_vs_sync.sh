@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench.async_vs_sync's paired runs on the GPU machine's CPU cores (the `device` tool), CPU only as on a laptop:
-# each pair gets about three of its 16 cores (OMP_NUM_THREADS=2 per process), five pairs at once.
+# bench.async_vs_sync's paired runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop, with
+# OMP_NUM_THREADS=2 per process: on the 64-core machine with --parallel 5 --arms-at-once --pin each run has 6 cores
+# of its own; on the 16-core one, unpinned, ten runs share them.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 # Run (device tool):  carry [".verl_bundle", ".cache"], command "bash bench/device_async_vs_sync.sh --seeds 0 1 2 3 4
 #                     --parallel 5" (arguments go to bench.async_vs_sync; BENCH_TIMEOUT_S bounds the whole bench).
@@ -25,18 +26,39 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MO
        AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 collect() {
   cp "$WORK"/summary.* "$WORK"/pairs.png "$OUT"/ 2>/dev/null
-  (cd "$WORK" && find . \( -name pair.json -o -name start.json -o -name '*.jsonl' -o -name '*.log' \) \
+  (cd "$WORK" && find . \( -name pair.json -o -name start.json -o -name '*.jsonl' -o -name '*.log' \
+                           -o -name proc_stat.txt \) \
      -not -path '*/ckpt_*' -print0 \
      | tar czf "$OUT/runs.tgz" --null -T -)
   tar czf "$OUT/cold_start.tgz" -C "$AGENTRL_CACHE_DIR" async_vs_sync 2>/dev/null
+  python3 - "$WORK/proc_stat.txt" > "$OUT/cpu_busy.txt" 2>&1 <<'PY'
+import sys
+samples = []
+for line in open(sys.argv[1]):
+    name, *fields = line.split()
+    if name == "t":
+        samples.append({})
+    elif samples:  # user nice system idle iowait irq softirq steal ...: idle and iowait are not busy
+        values = list(map(int, fields))
+        samples[-1][name] = (sum(values) - values[3] - values[4], sum(values))
+samples = [sample for sample in samples if sample]
+print("cpu busy_mean busy_max_10s")
+for cpu in sorted(samples[0], key=lambda name: int(name[3:])):
+    pairs = [(a[cpu], b[cpu]) for a, b in zip(samples, samples[1:]) if cpu in a and cpu in b]
+    busy = [(b1 - b0) / max(t1 - t0, 1) for (b0, t0), (b1, t1) in pairs]
+    first, last = samples[0][cpu], samples[-1][cpu]
+    print(cpu, f"{(last[0] - first[0]) / max(last[1] - first[1], 1):.2f}", f"{max(busy, default=0):.2f}")
+PY
   # The first error of a failed run, if any.
   grep -l -m1 "Error" "$WORK"/*.log "$WORK"/seed_*/*.log 2>/dev/null | head -2 | while read -r log; do
     echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
 }
 trap collect EXIT
 echo "cpus $(nproc --all)"
-# The load while it runs (are cores left idle? --arms-at-once assumes so), once a minute.
+# The load while it runs (are cores left idle? --arms-at-once assumes so), once a minute, and every CPU's counters
+# every 10 s, summarised on exit into cpu_busy.txt: each CPU's busy share over the run and in its busiest 10 s.
 (while uptime; do sleep 60; done > "$OUT/load.txt") &
+(while echo "t $(date +%s)" && grep '^cpu[0-9]' /proc/stat; do sleep 10; done > "$WORK/proc_stat.txt") &
 timeout --kill-after=10 "${BENCH_TIMEOUT_S:-560}" python3 -m bench.async_vs_sync --out "$WORK" "$@" 2>&1 \
   | tee "$OUT/bench.txt" | grep -E "cold start|seed [0-9]+: |step [0-9]+/|speedup|held.out|Error|error" | cut -c1-300
 echo "bench rc=${PIPESTATUS[0]}"
