@@ -18,7 +18,8 @@ start model is evaluated once on the same problems.
 
 The cold start (the demo's supervised warm-up of the tiny model on calc) is built once and cached under
 ``$AGENTRL_CACHE_DIR``. ``--seeds 0 1 2 3 4`` runs one pair per seed (``--parallel P`` pairs at once, each in its own
-process, for machines with more cores) and writes ``summary.md``, ``summary.json`` and ``pairs.png`` to ``--out``.
+process, for machines with more cores; ``--pin`` gives each its own cores) and writes ``summary.md``,
+``summary.json`` and ``pairs.png`` to ``--out``.
 Each seed's ``pair.json`` is written after its training and again after its evaluation, so a run that was cut off
 resumes with the same command: evaluated pairs are kept, trained ones whose models are still there are only evaluated,
 the others run again.
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="run each pair's sync and async run at the same time (for machines with idle cores: "
                              "where they saturate the CPU they slow each other, the async run most, and the speedup "
                              "is understated)")
+    parser.add_argument("--pin", action="store_true",
+                        help="give each of the --parallel pairs an equal share of the CPUs this process may use, and "
+                             "with --arms-at-once each run half of its pair's share (CPU affinity, which the run's "
+                             "Ray workers inherit; a pair's environment stacks and evaluation use its whole share): no "
+                             "run waits for another's cores")
     parser.add_argument("--model", default=None,
                         help="model directory used as is (default: the tiny offline model after the demo's supervised "
                              "warm-up on calc, cached, so that rewards can move)")
@@ -105,6 +111,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
     if args.report and not args.out:
         parser.error("--report summarises the runs under --out: name it")
+    if args.pin and not hasattr(os, "sched_setaffinity"):
+        parser.error("--pin needs CPU affinity (Linux)")
     return args
 
 
@@ -239,10 +247,50 @@ def cold_started_model() -> Path:
     return target
 
 
+def cpu_shares(cpus: set[int], parts: int) -> list[set[int]]:
+    """``cpus`` cut into ``parts`` equal shares of neighbouring CPUs (the remainder in none).
+
+    Raises:
+        ValueError: fewer CPUs than shares.
+    """
+    ordered = sorted(cpus)
+    size = len(ordered) // parts
+    if size == 0:
+        raise ValueError(f"--pin: {len(ordered)} CPUs cannot give {parts} runs or pairs one each")
+    return [set(ordered[i * size:(i + 1) * size]) for i in range(parts)]
+
+
+def cpu_list(cpus: set[int]) -> str:
+    """``cpus`` as ranges, as taskset writes them: ``0-5,12``."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges)
+
+
+@contextlib.contextmanager
+def cpu_affinity(cpus: set[int] | None) -> Iterator[None]:
+    """Processes this thread starts inside the block run on ``cpus`` (None: no change). On Linux the affinity is
+    the calling thread's, and a child inherits that of the thread that started it, so other threads are unaffected."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
-                 stop: threading.Event | None = None) -> dict[str, Any]:
+                 stop: threading.Event | None = None, cpus: set[int] | None = None) -> dict[str, Any]:
     """One ``main_ppo`` run (``mode``: ``sync`` or ``async``), logging each step as it ends; returns its per-step
-    metrics, process wall time and final model (its HF export). Setting ``stop`` ends the run (with an error)."""
+    metrics, process wall time and final model (its HF export). Setting ``stop`` ends the run (with an error);
+    ``cpus``: the CPUs the run and its Ray workers may use (default: this process's)."""
     metrics_path = workdir / f"{mode}.jsonl"
     rundir = workdir / mode  # Hydra's outputs/ of runs started in the same second would collide
     rundir.mkdir(exist_ok=True)
@@ -275,8 +323,9 @@ def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, 
     start = time.monotonic()
     seen = 0
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=rundir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with cpu_affinity(cpus):
+            proc = subprocess.Popen(cmd, cwd=rundir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         try:
             while (returncode := proc.poll()) is None:
                 if stop is not None and stop.is_set():
@@ -344,6 +393,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "train_s": sum(step_s),
         "startup_s": run["wall_s"] - sum(step_s),
+        # Before step 1, the trainer waits for verl's agent loop workers to start (start-up, like the others').
+        "agent_loop_ready_s": float(steps[0].get("agentrl/agent_loop_ready_s", 0.0)) if steps else 0.0,
         "trajectories": sum(float(m.get("agentrl/all/episodes", 0)) for m in steps),
         "calc_trajectories": sum(float(m.get("agentrl/calc/episodes", 0)) for m in steps),
         "reward": [round(float(m.get("agentrl/all/reward", float("nan"))), 3) for m in steps],
@@ -359,7 +410,7 @@ def pair_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     return {"steps": args.steps, "batch": args.batch, "n": args.n, "max_staleness": args.max_staleness,
             "stale_policy": args.stale_policy, "correction": args.correction,
             "latency": [args.latency_median_s, args.latency_sigma, args.latency_max_s], "overrides": args.override,
-            "arms_at_once": args.arms_at_once, "model": model.name}
+            "arms_at_once": args.arms_at_once, "pin": args.pin, "model": model.name}
 
 
 def saved_pair(workdir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -404,10 +455,14 @@ def train_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) 
         if code != 0:
             raise RuntimeError(f"make-data failed with exit code {code}")
 
+        # --pin with both runs at once: each run on half of this pair's CPUs.
+        cpus = (dict(zip(MODES, cpu_shares(os.sched_getaffinity(0), len(MODES)), strict=True))
+                if args.pin and args.arms_at_once else {})
+
         def train(mode: str, stop: threading.Event | None = None) -> dict[str, Any]:
-            logger.info("seed %d: %s run (%d steps of %d x %d trajectories)", seed, mode, args.steps, args.batch,
-                        args.n)
-            return summarise(run_training(mode, args, seed, workdir, model, urls[mode], stop))
+            logger.info("seed %d: %s run (%d steps of %d x %d trajectories)%s", seed, mode, args.steps, args.batch,
+                        args.n, f" on CPUs {cpu_list(cpus[mode])}" if mode in cpus else "")
+            return summarise(run_training(mode, args, seed, workdir, model, urls[mode], stop, cpus=cpus.get(mode)))
 
         if not args.arms_at_once:
             return {mode: train(mode) for mode in MODES}
@@ -455,8 +510,12 @@ def pair_record(seed: int, runs: dict[str, dict[str, Any]], held_out: dict[str, 
     return {
         "seed": seed,
         "speedup": sync["train_s"] / asynchronous["train_s"],
-        # Step 1 holds each run's first generations (model warm-up, prefix caches, env sessions).
+        # Step 1 holds each run's first generations (model warm-up, prefix caches, env sessions) and, in the async
+        # run, the filling of the pipeline.
         "speedup_after_step1": sum(sync["step_s"][1:]) / max(sum(asynchronous["step_s"][1:]), 1e-9),
+        # As if the agent loop workers' start-up were training time (the trainers did not always wait for it).
+        "speedup_with_agent_loop_start": ((sync["train_s"] + sync.get("agent_loop_ready_s", 0.0))
+                                          / (asynchronous["train_s"] + asynchronous.get("agent_loop_ready_s", 0.0))),
         "sync_train_s": sync["train_s"], "async_train_s": asynchronous["train_s"],
         "trajectories": {mode: run["trajectories"] for mode, run in runs.items()},
         "calc_trajectories": {mode: run["calc_trajectories"] for mode, run in runs.items()},
@@ -510,6 +569,9 @@ def paired_statistics(pairs: Sequence[dict[str, Any]], start: float | None = Non
     speedup = mean_and_se([p["speedup"] for p in pairs])
     stats.update(speedup_mean=speedup[0], speedup_se=speedup[1], speedup_min=min(p["speedup"] for p in pairs),
                  speedup_after_step1_mean=mean_and_se([p["speedup_after_step1"] for p in pairs])[0])
+    if all("speedup_with_agent_loop_start" in p for p in pairs):
+        stats["speedup_with_agent_loop_start_mean"] = mean_and_se(
+            [p["speedup_with_agent_loop_start"] for p in pairs])[0]
     if start is not None:
         stats["held_out_start"] = start
     evaluated = [p for p in pairs if {"sync", "async"} <= set(p["held_out"])]
@@ -549,8 +611,11 @@ def summary_markdown(pairs: Sequence[dict[str, Any]], stats: dict[str, Any], set
             f"| {diag(p, 'turn_lag_mean')} | {diag(p, 'multi_version')} | {diag(p, 'clipfrac')} "
             f"| {'-' if sync_clip is None else f'{sync_clip:.3f}'} |")
     lines.append("")
+    with_start = stats.get("speedup_with_agent_loop_start_mean")
     lines.append(f"Speedup {stats['speedup_mean']:.2f} +- {stats['speedup_se']:.2f} (min {stats['speedup_min']:.2f}; "
-                 f"{stats['speedup_after_step1_mean']:.2f} without each run's first step).")
+                 f"{stats['speedup_after_step1_mean']:.2f} without each run's first step"
+                 + ("" if with_start is None else
+                    f"; {with_start:.2f} counting the agent loop workers' start-up as training time") + ").")
     if "held_out_start" in stats:
         lines.append(f"Held-out success of the start model: {stats['held_out_start']:.3f}.")
     if "held_out_diff" in stats:
@@ -602,6 +667,9 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
     if len(pending) < len(args.seeds):
         logger.info("seeds %s: done before, kept", sorted(set(args.seeds) - set(pending)))
     running: dict[int, subprocess.Popen] = {}
+    # --pin: a share of the CPUs per pair running, handed to the next pair when it ends.
+    free = cpu_shares(os.sched_getaffinity(0), args.parallel) if args.pin else []
+    shares: dict[int, set[int]] = {}
     failed = []
     try:
         while pending or running:
@@ -611,12 +679,17 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                 out.mkdir(parents=True, exist_ok=True)
                 cmd = [sys.executable, "-m", "bench.async_vs_sync", *argv, "--seeds", str(seed), "--out", str(out),
                        "--model", str(model), "--parallel", "1"]
-                with open(out / "bench.log", "a") as log:
+                if free:
+                    shares[seed] = free.pop(0)
+                with open(out / "bench.log", "a") as log, cpu_affinity(shares.get(seed)):
                     running[seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                logger.info("seed %d: started (log %s)", seed, out / "bench.log")
+                logger.info("seed %d: started (log %s)%s", seed, out / "bench.log",
+                            f" on CPUs {cpu_list(shares[seed])}" if seed in shares else "")
             for seed, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[seed]
+                    if seed in shares:
+                        free.append(shares.pop(seed))
                     logger.info("seed %d: %s", seed, "done" if proc.returncode == 0 else f"failed ({proc.returncode})")
                     if proc.returncode != 0:
                         failed.append(seed)
@@ -661,7 +734,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"({args.stale_policy}), correction {args.correction}, calc latency lognormal median "
                 f"{args.latency_median_s}s sigma {args.latency_sigma} cap {args.latency_max_s}s, held-out "
                 f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}"
-                f"{', sync and async run at once' if args.arms_at_once else ''}.")
+                f"{', sync and async run at once' if args.arms_at_once else ''}"
+                f"{', each pair (run, with both at once) on CPUs of its own' if args.pin else ''}.")
     (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "pairs": pairs}, indent=2))
     (workdir / "summary.md").write_text(summary_markdown(pairs, stats, settings))
     try:

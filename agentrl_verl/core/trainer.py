@@ -8,7 +8,9 @@ two things) closes that gap:
   row order verl uses, and exposes it with the ``agentrl.task_adv_norm`` option to the estimator for the
   duration of that call (:func:`batch_tasks`);
 - after each step it logs per-task episode metrics (reward, success rate, turns, status counts, tokens,
-  environment latency) from the extras the ``agentrl_agent`` loop writes, through verl's tracking.
+  environment latency) from the extras the ``agentrl_agent`` loop writes, through verl's tracking;
+- before the first step it waits until verl's agent loop workers have started, so that their start-up is not
+  counted as the first step's time (``agentrl/agent_loop_ready_s``, logged with step 1, says how long that took).
 
 Use both together::
 
@@ -22,12 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import ray
 import torch
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
@@ -137,8 +141,8 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
 
 
 class TaskAwareTrainerMixin:
-    """Validates the ``agentrl`` config and adds the tasks to the advantage step and per-task episode metrics to a
-    V1 trainer.
+    """Validates the ``agentrl`` config, adds the tasks to the advantage step and per-task episode metrics to a V1
+    trainer, and starts training only once the agent loop workers are up.
 
     verl compares ``trainer_mode`` with literal names (``"sync"``) to pick its replay buffer and refill
     policy; a subclass names the built-in mode it extends in :attr:`verl_mode`, and verl sees that name
@@ -147,6 +151,7 @@ class TaskAwareTrainerMixin:
 
     verl_mode: ClassVar[str]
     agentrl: AgentRLConfig
+    _agent_loop_ready_s: float | None = None
 
     def __init__(self, config: Any) -> None:
         # On the driver, before verl's constructor and any worker: a bad agentrl.* key stops the launch here.
@@ -161,6 +166,14 @@ class TaskAwareTrainerMixin:
     def trainer_mode(self, value: str) -> None:
         self.registered_mode = value
 
+    def fit(self, agent_loop_manager: Any) -> None:
+        # verl creates the agent loop workers without waiting for them: their start-up (a process importing verl,
+        # tens of seconds on a busy CPU) would land in the first step's time, in every trainer mode alike.
+        started = time.monotonic()
+        ray.get([worker.__ray_ready__.remote() for worker in getattr(agent_loop_manager, "agent_loop_workers", [])])
+        self._agent_loop_ready_s = time.monotonic() - started
+        super().fit(agent_loop_manager)
+
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # Every row, padding included: the estimator sees verl's whole batch in its row order.
         tasks = batch_fields(batch, "data_source", padding=True)["data_source"]
@@ -171,6 +184,9 @@ class TaskAwareTrainerMixin:
                          epoch: int) -> None:
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         metrics.update(episode_metrics(batch_fields(batch, "extra_fields")["extra_fields"]))
+        if self._agent_loop_ready_s is not None:  # the wait before the first step, logged with it
+            metrics["agentrl/agent_loop_ready_s"] = self._agent_loop_ready_s
+            self._agent_loop_ready_s = None
 
 
 class AgentRLSyncTrainer(CrossPolicyTrainerMixin, TaskAwareTrainerMixin, PPOTrainerSync):

@@ -3,6 +3,7 @@ report, and the bookkeeping that resumes a run that was cut off."""
 
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from bench import async_vs_sync
 from bench.async_vs_sync import (
     CORRECTIONS,
+    cpu_list,
+    cpu_shares,
     load_pairs,
     mean_and_se,
     pair_done,
@@ -63,11 +66,16 @@ def test_summarise_leaves_out_the_final_save_and_averages_diagnostics():
 
 
 def test_pair_record_speedups_and_trajectories():
-    runs = {"sync": summarise(_run([10.0, 10.0, 11.0], 8.0)), "async": summarise(_run([6.0, 2.0, 3.0], 6.0))}
+    sync, asynchronous = _run([10.0, 10.0, 11.0], 8.0), _run([6.0, 2.0, 3.0], 6.0)
+    sync["steps"][1]["agentrl/agent_loop_ready_s"] = 5.0
+    asynchronous["steps"][1]["agentrl/agent_loop_ready_s"] = 6.0
+    runs = {"sync": summarise(sync), "async": summarise(asynchronous)}
+    assert runs["async"]["agent_loop_ready_s"] == 6.0
     record = pair_record(3, runs, {"sync": 0.4, "async": 0.35}, 200)
     assert record["seed"] == 3 and record["held_out_episodes"] == 200
     assert record["speedup"] == pytest.approx(30.0 / 10.0)
     assert record["speedup_after_step1"] == pytest.approx(20.0 / 4.0)
+    assert record["speedup_with_agent_loop_start"] == pytest.approx(35.0 / 16.0)
     assert record["calc_trajectories"] == {"sync": 24.0, "async": 18.0}
     assert record["held_out"]["async"] == 0.35
 
@@ -124,12 +132,16 @@ def test_paired_statistics_without_evaluation_reports_speed_only():
 
 def test_summary_markdown_has_a_row_per_seed_and_the_verdict():
     pairs = [_pair(0, 0.40, 0.30), _pair(1, 0.30, 0.22)]
+    assert "agent loop" not in summary_markdown(pairs, paired_statistics(pairs), "")  # pairs from before it existed
+    for pair, speedup in zip(pairs, (2.0, 2.5), strict=True):
+        pair["speedup_with_agent_loop_start"] = speedup
     text = summary_markdown(pairs, paired_statistics(pairs, start=0.25), "settings line")
     rows = [line for line in text.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
     assert len(rows) == 2
     assert "| 0.300 | 0.220 | -0.080 |" in rows[1] and "| 128 / 120 |" in rows[1]
     assert "not within one standard error" in text and "settings line" in text
     assert "start model: 0.250" in text
+    assert "2.25 counting the agent loop workers' start-up" in text
 
 
 def test_parse_args_defaults_and_repeated_options():
@@ -306,8 +318,9 @@ def fake_runs(monkeypatch):
     behaviours = {}
     urls = {}
 
-    def run_training(mode, args, seed, workdir, model, env_url, stop=None):
+    def run_training(mode, args, seed, workdir, model, env_url, stop=None, cpus=None):
         urls[mode] = env_url
+        urls[f"{mode} cpus"] = cpus
         return behaviours[mode](stop)
 
     monkeypatch.setattr(async_vs_sync, "run_training", run_training)
@@ -348,3 +361,47 @@ def test_train_pair_at_once_stops_the_other_run_when_one_fails(tmp_path, fake_ru
     with pytest.raises(RuntimeError, match=f"{failing_mode} run failed"):
         async_vs_sync.train_pair(_args("--arms-at-once"), 0, tmp_path, tmp_path / "m")
     assert stopped.is_set()
+
+
+def test_cpu_shares_and_lists():
+    assert cpu_shares(set(range(64)), 5) == [set(range(i * 12, i * 12 + 12)) for i in range(5)]
+    assert cpu_shares({3, 1, 2, 0, 7}, 2) == [{0, 1}, {2, 3}]
+    with pytest.raises(ValueError, match="--pin"):
+        cpu_shares({0, 1}, 3)
+    assert cpu_list({0, 1, 2, 3, 4, 5}) == "0-5" and cpu_list({0, 2, 3, 9}) == "0,2-3,9"
+
+
+needs_two_cpus = pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda pid: [])(0)) < 2,
+                                    reason="CPU affinity with two CPUs or more")
+
+
+@needs_two_cpus
+def test_train_pair_pinned_at_once_gives_each_run_half_of_the_pairs_cpus(tmp_path, fake_runs):
+    behaviours, urls = fake_runs
+    behaviours.update({"sync": _finished, "async": _finished})
+    async_vs_sync.train_pair(_args("--arms-at-once", "--pin"), 0, tmp_path, tmp_path / "m")
+    halves = cpu_shares(os.sched_getaffinity(0), 2)
+    assert [urls["sync cpus"], urls["async cpus"]] == halves
+    async_vs_sync.train_pair(_args("--pin"), 0, tmp_path, tmp_path / "m")  # one after the other: the whole share
+    assert urls["sync cpus"] is None and urls["async cpus"] is None
+
+
+@needs_two_cpus
+def test_run_children_pinned_starts_each_pair_on_its_own_cpus(tmp_path, monkeypatch):
+    argv = ["--steps", "3", "--seeds", "0", "1", "2", "--parallel", "2", "--pin"]
+    args, model = parse_args(argv), tmp_path / "cold-start-abc"
+    affinity = {}
+
+    class Child(_FinishedChild):
+        def __init__(self, cmd, **kwargs):
+            affinity[parse_args(cmd[3:]).seeds[0]] = os.sched_getaffinity(0)  # what the child inherits
+            super().__init__(cmd, **kwargs)
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    monkeypatch.setattr(async_vs_sync.time, "sleep", lambda s: None)
+    run_children(args, argv, tmp_path, model)
+    first, second = cpu_shares(before, 2)
+    # Seeds 0 and 1 start together; seed 2 takes the share seed 0 gave back.
+    assert affinity == {0: first, 1: second, 2: first}
+    assert os.sched_getaffinity(0) == before

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
-from verl.trainer.ppo.v1 import get_trainer_cls
+from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
 from agentrl_verl.core.advantage import task_norm_grpo_advantage
 from agentrl_verl.core.trainer import (
@@ -70,6 +70,31 @@ def test_trainer_mode_reports_sync_to_verl():
     trainer.trainer_mode = TRAINER_MODE  # what PPOTrainer.__init__ assigns from the config
     assert trainer.trainer_mode == "sync" and trainer.registered_mode == TRAINER_MODE
 
+
+
+def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from agentrl_verl.core import trainer as trainer_module
+
+    events = []
+
+    class Worker:
+        def __init__(self, name):
+            self.__ray_ready__ = type("Method", (), {"remote": staticmethod(lambda: f"ready-{name}")})
+
+    monkeypatch.setattr(trainer_module.ray, "get", lambda refs: events.append(("get", list(refs))))
+    monkeypatch.setattr(PPOTrainerSync, "fit", lambda self, manager: events.append(("verl fit", manager)))
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_compute_metrics", lambda self, *args: None)
+    monkeypatch.setattr(trainer_module, "batch_fields", lambda batch, name: {name: []})
+    manager = type("Manager", (), {"agent_loop_workers": [Worker(0), Worker(1)]})()
+    trainer = AgentRLSyncTrainer.__new__(AgentRLSyncTrainer)
+    trainer.fit(manager)
+    assert events == [("get", ["ready-0", "ready-1"]), ("verl fit", manager)]
+    step_1, step_2 = {}, {}
+    trainer._compute_metrics(None, step_1, {}, 1, 0)
+    trainer._compute_metrics(None, step_2, {}, 2, 0)
+    assert step_1["agentrl/agent_loop_ready_s"] >= 0.0 and "agentrl/agent_loop_ready_s" not in step_2
 
 def test_episode_metrics():
     extras = [
