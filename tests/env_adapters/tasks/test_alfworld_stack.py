@@ -28,8 +28,9 @@ ORACLE_GAMES = int(os.environ.get("ALFWORLD_ORACLE_GAMES", "24"))
 ORACLE_FIRST = int(os.environ.get("ALFWORLD_ORACLE_FIRST", "0"))
 PROGRESS = 50  # games between progress lines
 # A step takes milliseconds and a game load a fraction of a second of CPU, but on a shared machine at load 40 a call
-# can wait minutes for the CPU: the controller's default (240 s) would end such a session as if its worker hung.
-INTERACT_TIMEOUT = 1200.0
+# can wait minutes for the CPU and a heartbeat (every 8 s) come more than 3 s late: the controller's defaults
+# (interact 240 s, heartbeat 11 s) would end such sessions as if their worker hung or died.
+SLOW_MACHINE = {"interact_timeout": 1200.0, "heartbeat_timeout": 120.0}
 
 
 def _call(action: str, step: int) -> dict:
@@ -47,6 +48,8 @@ def _admissible(content: str) -> list[str]:
 async def play(env: EnvClient, index: int, choose) -> tuple[SampleStatus, float]:
     """Play game ``index``; ``choose(messages)`` gives the next assistant message."""
     started = await env.start_sample("alfworld", index)
+    if started.status is not SampleStatus.RUNNING:  # ended at reset (its worker failed or was declared dead)
+        return started.status, started.reward
     messages = list(started.messages)
     while True:
         message = choose(messages)
@@ -89,7 +92,7 @@ def random_policy(seed: int):
 @pytest.fixture(scope="module")
 def stack(env_stack):
     return env_stack("alfworld", options={"size": 500}, concurrency=CONCURRENCY, replicas=REPLICAS,
-                     controller={"interact_timeout": INTERACT_TIMEOUT})
+                     controller=SLOW_MACHINE)
 
 
 async def test_expert_wins_a_sample_through_the_stack(stack):
