@@ -246,7 +246,8 @@ def _walkthrough(task_type: str, room: list[tuple[str, str]], placed: list[tuple
     """The commands that win the game, as the engine spells them: the goal's objects are the first ``placed``,
     ``lamp`` indexes the lamp to turn on (look_at_obj_in_light); openable receptacles start closed.
 
-    Written by construction: the planner's search (uniform cost, no heuristic) takes minutes on whole rooms.
+    Written by construction: TextWorld's planner searches without a heuristic (uniform cost), 0.07 s of CPU on the
+    median whole-room game but up to 7 s (60 games), in the process that asks for the walkthrough.
     """
     from alfworld.agents.utils.misc import Demangler
     from alfworld.gen import constants

@@ -167,7 +167,7 @@ class ALFWorldTask(Task):
 
     def walkthrough(self, index: Index) -> list[str]:
         """The winning command sequence for ``index``: the game's own (generated games carry theirs), else the
-        planner's (blocking: seconds to minutes; cached)."""
+        planner's (blocking: up to seconds of CPU; cached)."""
         data = self.game_data(self._check(index))
         if data.get("walkthrough"):
             return list(data["walkthrough"])
