@@ -4,8 +4,8 @@ TextWorld translates a game's PDDL to Fast Downward's SAS form twice on load and
 each of the grammar's ~700 production rules on load (most of their cost); the translation and the parse of a rule
 are pure functions of the texts, so both are memoised per process (games differ in a few rules only; a generated
 easy game's demonstration took 0.18 s of CPU instead of 0.47 s), as is the parse of the grammar's conditions, which
-every step repeats for each admissible command. The second translation (optimised, about half of a
-game's load) only feeds the planner, so it is made only for a game that asks for the planner's walkthrough.
+every step repeats for each admissible command. The second translation (optimised, about half of a game's load) only
+feeds the planner, so it is made only for a game that asks for the planner's walkthrough.
 
 Each TextWorld PDDL environment loads its own copy of the Fast Downward library (33 MB, never unloaded), so
 environments are pooled and reused across games. TextWorld's PDDL translator keeps module-level state and every
