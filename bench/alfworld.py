@@ -2,9 +2,11 @@
 
 ``--concurrent`` clients each play sessions of generated games with random admissible actions (``--steps`` per
 session, then a cancel), measuring ``start_sample`` (game load and reset) and ``interact`` (one engine step) as
-the client sees them. Usage::
+the client sees them. ``--phases N`` instead plays the walkthroughs of games ``0..N-1`` in this process and prints
+the CPU time of each phase of a game (generating it, loading it into the engine, reset, the steps). Usage::
 
     python -m bench.alfworld [--sessions 64] [--concurrent 32] [--steps 10] [--replicas 1]
+    python -m bench.alfworld --phases 30
 """
 
 from __future__ import annotations
@@ -60,14 +62,47 @@ async def run(url: str, sessions: int, concurrent: int, steps: int) -> tuple[lis
         return resets, interacts, time.perf_counter() - t0
 
 
+def phases(games: int) -> None:
+    """CPU seconds per game of each phase of an expert episode, in this process (after one warm-up game)."""
+    from env_adapters.tasks.alfworld.engine import Game
+    from env_adapters.tasks.alfworld.generator import Difficulty, generate
+
+    Game(generate(0, "train", games, Difficulty())).close()  # imports and the grammar's parse
+    totals, steps = dict.fromkeys(("generate", "load", "reset", "steps"), 0.0), 0
+    for index in range(games):
+        t0 = time.process_time()
+        data = generate(0, "train", index, Difficulty())
+        t1 = time.process_time()
+        game = Game(data)
+        t2 = time.process_time()
+        observation = game.reset()
+        t3 = time.process_time()
+        for command in data["walkthrough"]:
+            observation = game.step(command)
+        t4 = time.process_time()
+        game.close()
+        if not observation.won:
+            raise RuntimeError(f"game {index}: the walkthrough did not win")
+        steps += len(data["walkthrough"])
+        for name, seconds in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            totals[name] += seconds
+    ms = {name: seconds / games * 1e3 for name, seconds in totals.items()}
+    print(f"games={games} " + " ".join(f"{name}_ms={value:.0f}" for name, value in ms.items())
+          + f" step_ms={totals['steps'] / steps * 1e3:.1f} game_cpu_ms={sum(ms.values()):.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--concurrent", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--replicas", type=int, default=1, help="worker processes")
+    parser.add_argument("--phases", type=int, default=0, help="time the phases of this many expert games instead")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.phases:
+        phases(args.phases)
+        return
 
     config = {"controller": {"port": 0, "start_wait": 600, "interact_timeout": 600},
               "workers": [{"task": "alfworld", "replicas": args.replicas, "concurrency": args.concurrent,

@@ -1,4 +1,5 @@
-"""The scripted ALFWorld expert: the planner's walkthrough of the game, one ``take_action`` call per turn."""
+"""The scripted ALFWorld expert: the game's walkthrough (``ALFWorldTask.walkthrough``: a generated game's own, else
+the planner's), one ``take_action`` call per turn."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ class ALFWorldTask(Task):
         return list(range(len(self.files) if self.games == "files" else self.size))
 
     def expert(self, index: Index, messages: list[Message]) -> Message:
-        """The planner's walkthrough (see the family's ``expert`` module); the first call per index plans."""
+        """The game's walkthrough (see the family's ``expert`` module and :meth:`walkthrough`)."""
         from env_adapters.tasks.alfworld.expert import expert
 
         return expert(self, index, messages)
@@ -166,9 +166,13 @@ class ALFWorldTask(Task):
         return ALFWorldSession(data, self.max_step, self.instruction)
 
     def walkthrough(self, index: Index) -> list[str]:
-        """The planner's winning command sequence for ``index`` (blocking; cached)."""
+        """The winning command sequence for ``index``: the game's own (generated games carry theirs), else the
+        planner's (blocking: up to seconds of CPU; cached)."""
+        data = self.game_data(self._check(index))
+        if data.get("walkthrough"):
+            return list(data["walkthrough"])
         if index not in self._walkthroughs:
-            game = Game(self.game_data(self._check(index)), walkthrough=True)
+            game = Game(data, walkthrough=True)
             try:
                 game.reset()
             finally:

@@ -12,6 +12,7 @@ pytest.importorskip("alfworld")
 from env_adapters.protocol import SampleStatus  # noqa: E402
 from env_adapters.task import TaskError, get_task_class  # noqa: E402
 from env_adapters.tasks.alfworld import agentbench  # noqa: E402
+from env_adapters.tasks.alfworld.engine import Game  # noqa: E402
 from env_adapters.tasks.alfworld.expert import expert  # noqa: E402
 from env_adapters.tasks.alfworld.generator import HELD_OUT_FLOOR_PLANS, TASK_TYPES, Difficulty, generate  # noqa: E402
 from env_adapters.tasks.alfworld.task import ALFWorldTask  # noqa: E402
@@ -140,6 +141,21 @@ async def test_short_prompt_replaces_upstreams_instruction():
         assert opening.messages[1]["content"].startswith("Here is your task.")
     finally:
         session.close()
+
+
+def test_generated_walkthroughs_win_in_as_few_steps_as_the_planners():
+    for index in range(len(TASK_TYPES)):  # one game of each type, rooms small enough for the planner
+        data = generate(0, "train", index, Difficulty(max_receptacles=4, distractors=3))
+        game = Game(data)
+        observation = game.reset()
+        for command in data["walkthrough"]:
+            assert command in observation.admissible_commands, (data["task_type"], command)
+            observation = game.step(command)
+        game.close()
+        planner = Game({k: v for k, v in data.items() if k != "walkthrough"}, walkthrough=True)
+        planner.reset()
+        planner.close()
+        assert observation.won and len(data["walkthrough"]) == len(planner.walkthrough), data["task_type"]
 
 
 def test_easy_setting_is_small():
