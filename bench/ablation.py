@@ -62,6 +62,7 @@ from agentrl_verl.harness.demo import (
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
 from bench.async_vs_sync import mean_and_se
+from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
 
@@ -148,7 +149,6 @@ def warmed_up_model(config: DemoConfig) -> Path:
 
     from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
     from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
-    from env_adapters.launcher import EnvStack
 
     base = build_tiny_model()
     root = default_cache_dir() / "ablation"
@@ -201,7 +201,8 @@ def run_settings(args: argparse.Namespace, arm: str, model: Path) -> dict[str, A
     """What a run depends on besides its seed; a ``run.json`` made with other settings is not resumed."""
     spec = arms()[arm] if arm != START else Arm(FAMILIES)
     return {"arm": arm, "families": list(spec.families), "steps": 0 if arm == START else args.steps,
-            "batch": args.batch, "n": args.n, "overrides": [*spec.overrides, *args.override], "model": model.name}
+            "batch": args.batch, "n": args.n, "arm_overrides": list(spec.overrides), "overrides": args.override,
+            "model": model.name}
 
 
 def saved_run(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -293,8 +294,6 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
             ) -> dict[str, Any]:
     """One run, resumed from ``folder``: trained (unless :data:`START`, or trained before and its model is still
     there), then evaluated; ``run.json`` is written after each. Returns its record."""
-    from env_adapters.launcher import EnvStack
-
     settings = run_settings(args, arm, model)
     saved = saved_run(folder, settings)
     if run_done(saved, args.eval_size):
@@ -474,6 +473,19 @@ def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def describe(records: Sequence[dict[str, Any]]) -> str:
+    """The runs' settings in a sentence (from their records, so that ``--report`` states what ran)."""
+    trained = [r["settings"] for r in records if r["arm"] != START]
+    if not trained:
+        return "No training run yet."
+    s = trained[0]
+    sizes = sorted({str(r["eval_size"]) for r in records if "eval_size" in r})
+    return (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings), start model {s['model']}; "
+            f"{s['steps']} steps of {s['batch'] or 'the preset'} groups x {s['n'] or 'the preset'} trajectories per "
+            f"run; held-out {' / '.join(sizes) or '-'} sampled episodes per family per model; extra overrides "
+            f"{s['overrides'] or 'none'}.")
+
+
 def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[str, Any]], settings: str) -> str:
     """The report: the paper's table (rows arms; columns families and their mean; success +- s.e. over seeds), the
     families' differences, and each arm's training (trajectories per family, time)."""
@@ -555,9 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
     records = load_runs(workdir)
     stats = arm_statistics(records)
-    settings = (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings); {args.steps} steps "
-                f"x {args.batch or 'preset'} groups x {args.n or 'preset'} trajectories per run; held-out "
-                f"{args.eval_size} sampled episodes per family per model; overrides {args.override or 'none'}.")
+    settings = describe(records)
     (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records},
                                                      indent=2))
     (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
