@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
+# every run at once, OMP_NUM_THREADS=2 per process. The start model is built here first (`python -m bench.ablation
+# --arms full --seeds 0 --steps 1` builds and caches it; see its log for the path) and carried with the arguments
+# --model DIR: the machine does no warm-up.
+# Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
+#                     and, for webshop, cp312 wheels of bm25s, PyStemmer, thefuzz and rapidfuzz in a folder WHEELS
+#                     (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64)
+# Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... bash bench/device_ablation.sh
+#                     --model MODEL --parallel 22" (arguments go to bench.ablation; BENCH_TIMEOUT_S bounds the bench).
+# Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
+# stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
+set -uo pipefail
+OUT=${OUT:-/tmp/ablation_out}
+WORK=/tmp/ablation
+mkdir -p "$OUT" "$WORK"
+bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || { echo "wheels failed"; exit 1; }
+fi
+# The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
+# platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
+# preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
+       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
+       OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 \
+       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+collect() {
+  python3 -m bench.ablation --out "$WORK" --report > "$OUT/report.txt" 2>&1
+  cp "$WORK"/summary.* "$WORK"/ablation.png "$OUT"/ 2>/dev/null
+  (cd "$WORK" && find . \( -name run.json -o -name metrics.jsonl -o -name bench.log -o -name summary.md \) \
+     -not -path '*/checkpoints/*' -print0 | tar czf "$OUT/runs.tgz" --null -T -)
+  # The first error of a failed run, if any.
+  grep -l -m1 "Error" "$WORK"/*/bench.log "$WORK"/*/*/bench.log 2>/dev/null | head -2 | while read -r log; do
+    echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
+  # Each run's last training step and its timing (sizes the next call).
+  for log in "$WORK"/*/seed_*/bench.log; do [ -f "$log" ] && echo "$log: $(grep "RL step" "$log" | tail -1 | cut -c1-160)"; done
+  tail -3 "$OUT/report.txt"
+}
+trap collect EXIT
+echo "cpus $(nproc --all)"
+(while uptime; do sleep 30; done > "$OUT/load.txt") &
+timeout --kill-after=45 "${BENCH_TIMEOUT_S:-540}" python3 -m bench.ablation --out "$WORK" "$@" 2>&1 \
+  | tee "$OUT/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250
+echo "bench rc=${PIPESTATUS[0]}"
