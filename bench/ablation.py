@@ -93,7 +93,9 @@ def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
 def workload() -> DemoConfig:
     """The multi-task demo's settings restricted to :data:`FAMILIES`, each with :data:`HELD_OUT` held-out indices."""
     config = load_demo_config(Path(CONFIG_DIR) / "demo_multitask.yaml")
-    config.tasks = [dataclasses.replace(t, held_out=HELD_OUT) for t in config.tasks if t.name in FAMILIES]
+    # Concurrency 64: an evaluation plays a family's episodes at most that many at once, within its worker's limit.
+    config.tasks = [dataclasses.replace(t, held_out=HELD_OUT, concurrency=64) for t in config.tasks
+                    if t.name in FAMILIES]
     missing = set(FAMILIES) - {t.name for t in config.tasks}
     if missing:
         raise ValueError(f"demo_multitask.yaml has no task {sorted(missing)}")
@@ -113,6 +115,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in its own process")
     parser.add_argument("--model", default=None,
                         help="start model used as is (default: the cached warm-up on the three families)")
+    parser.add_argument("--base", default=None,
+                        help="tiny model the warm-up starts from (default: the one built here, cached)")
     parser.add_argument("--out", default=None, help="folder of the runs and the summary (default: a temporary)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of every run (repeatable)")
@@ -142,15 +146,17 @@ def warmup_key(base: Path, config: DemoConfig) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def warmed_up_model(config: DemoConfig) -> Path:
+def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
     """The tiny model after the multi-task demo's supervised warm-up on :data:`FAMILIES`, built once and kept under
-    ``$AGENTRL_CACHE_DIR/ablation/`` keyed by :func:`warmup_key`; its ``warmup.json`` holds the warm-up's history."""
+    ``$AGENTRL_CACHE_DIR/ablation/`` keyed by :func:`warmup_key`; its ``warmup.json`` holds the warm-up's history.
+    ``base``: the tiny model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds
+    another tokenizer, so there it is carried)."""
     from transformers import AutoTokenizer
 
     from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
     from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
 
-    base = build_tiny_model()
+    base = base or build_tiny_model()
     root = default_cache_dir() / "ablation"
     target = root / f"warmup-{warmup_key(base, config)}"
     if (target / "config.json").exists():
@@ -452,16 +458,17 @@ def binomial_se(p: float, n: int) -> float:
 
 def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
     """What differs between the families (Markdown rows): the start model's held-out play (success, mean reward,
-    share of partial rewards, turns) and the ``full`` arm's first RL step (tokens generated and from the environment
-    per episode, training success with any positive reward counted)."""
+    share of partial rewards, turns) and the ``full`` arm's first RL step with episodes of the family (tokens generated
+    and from the environment per episode, training success with any positive reward counted)."""
     start = next((r for r in records if r["arm"] == START and "held_out" in r), None)
     full = [r for r in records if r["arm"] == "full" and "train" in r]
     lines = ["| family | start success | start mean reward | partial rewards | turns | generated tokens "
-             "| env tokens | RL step-1 success (reward > 0) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| env tokens | first RL step's success (reward > 0) |", "|" + " --- |" * 8]
 
     def first(family: str, name: str) -> str:
-        values = [r["train"]["families"][family][name][0] for r in full
-                  if r["train"]["families"][family][name] and r["train"]["families"][family][name][0] is not None]
+        # A step's random batch may hold no group of a family: its first step that does.
+        values = [next(v for v in r["train"]["families"][family][name] if v is not None) for r in full
+                  if any(v is not None for v in r["train"]["families"][family][name])]
         return f"{sum(values) / len(values):.2f}" if values else "-"
 
     for family in FAMILIES:
@@ -555,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     if not args.report:
         config = workload()
-        model = Path(args.model) if args.model else warmed_up_model(config)
+        model = Path(args.model) if args.model else warmed_up_model(config, args.base and Path(args.base))
         if child:
             (arm, seed), = [(a, s) for a in args.arms for s in args.seeds]
             run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)

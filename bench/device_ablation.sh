@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
-# every run at once, OMP_NUM_THREADS=2 per process. The start model is built here first (`python -m bench.ablation
-# --arms full --seeds 0 --steps 1` builds and caches it; see its log for the path) and carried with the arguments
-# --model DIR: the machine does no warm-up.
+# every run at once, OMP_NUM_THREADS=2 per process. The start model: --model DIR (carried), or BASE=DIR (the tiny model
+# built here, carried: that machine has no alfworld, so it would build another tokenizer), from which the warm-up is
+# built there first on 16 threads and brought back in $OUT/warmup.tgz.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #                     and, for webshop, cp312 wheels of bm25s, PyStemmer, thefuzz and rapidfuzz in a folder WHEELS
 #                     (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64)
-# Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... bash bench/device_ablation.sh
-#                     --model MODEL --parallel 22" (arguments go to bench.ablation; BENCH_TIMEOUT_S bounds the bench).
+# Run (device tool):  carry [".verl_bundle", WHEELS, BASE], command "WHEELS=... BASE=... bash bench/device_ablation.sh
+#                     --parallel 19 --steps 10" (arguments go to bench.ablation; TOTAL_S bounds all but the
+#                     collection).
 # Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
 # stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
 set -uo pipefail
@@ -40,6 +41,17 @@ collect() {
 trap collect EXIT
 echo "cpus $(nproc --all)"
 (while uptime; do sleep 30; done > "$OUT/load.txt") &
-timeout --kill-after=45 "${BENCH_TIMEOUT_S:-540}" python3 -m bench.ablation --out "$WORK" "$@" 2>&1 \
+MODEL_ARGS=()
+if [ -n "${BASE:-}" ]; then
+  began=$SECONDS
+  MODEL=$(OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
+warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$OUT/warmup.log" | tail -1)
+  [ -f "$MODEL/config.json" ] || { echo "warm-up failed"; tail -20 "$OUT/warmup.log"; exit 1; }
+  echo "warm-up: $MODEL in $((SECONDS - began)) s: $(cat "$MODEL/warmup.json" | cut -c1-200)"
+  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")"
+  MODEL_ARGS=(--model "$MODEL")
+fi
+# The bench gets what is left of TOTAL_S (the call's limit less the collection) after the warm-up.
+timeout --kill-after=45 "$(( ${TOTAL_S:-520} - SECONDS ))" python3 -m bench.ablation --out "$WORK" "${MODEL_ARGS[@]}" "$@" 2>&1 \
   | tee "$OUT/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250
 echo "bench rc=${PIPESTATUS[0]}"
