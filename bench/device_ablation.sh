@@ -17,7 +17,9 @@ WORK=/tmp/ablation
 mkdir -p "$OUT" "$WORK"
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || { echo "wheels failed"; exit 1; }
+  # Plain unzip: these wheels need no install step (no scripts, no compiled entry points).
+  python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
+    || { echo "wheels failed"; exit 1; }
 fi
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
