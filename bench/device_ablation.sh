@@ -4,8 +4,10 @@
 # built here, carried: that machine has no alfworld, so it would build another tokenizer), from which the warm-up is
 # built there first on 16 threads and brought back in $OUT/warmup.tgz.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-#                     and, for webshop, cp312 wheels of bm25s, PyStemmer, thefuzz and rapidfuzz in a folder WHEELS
-#                     (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64)
+#                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
+#                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+#                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
+#                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle).
 # Run (device tool):  carry [".verl_bundle", WHEELS, BASE], command "WHEELS=... BASE=... bash bench/device_ablation.sh
 #                     --parallel 19 --steps 10" (arguments go to bench.ablation; TOTAL_S bounds all but the
 #                     collection).
@@ -16,11 +18,14 @@ OUT=${OUT:-/tmp/ablation_out}
 WORK=/tmp/ablation
 mkdir -p "$OUT" "$WORK"
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
-if [ -n "${WHEELS:-}" ]; then
+if [ -f "${WHEELS:-}" ]; then  # their unpacked contents as one .tar.xz (a third smaller: the carry is limited)
+  tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
+elif [ -n "${WHEELS:-}" ]; then
   # Plain unzip: these wheels need no install step (no scripts, no compiled entry points).
   python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
     || { echo "wheels failed"; exit 1; }
 fi
+if [ -f "${BASE:-}/model.safetensors.xz" ]; then xz -d "$BASE/model.safetensors.xz"; fi
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
 # preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
