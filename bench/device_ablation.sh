@@ -14,9 +14,10 @@
 # Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
 # stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
 set -uo pipefail
-OUT=${OUT:-/tmp/ablation_out}
+OUT=${OUT:-/tmp/ablation_out}  # at most 8 files come back: logs go into runs.tgz
 WORK=/tmp/ablation
-mkdir -p "$OUT" "$WORK"
+LOGS=$WORK/device
+mkdir -p "$OUT" "$LOGS"
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
 if [ -f "${WHEELS:-}" ]; then  # their unpacked contents as one .tar.xz (a third smaller: the carry is limited)
   tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
@@ -29,36 +30,39 @@ if [ -f "${BASE:-}/model.safetensors.xz" ]; then xz -d "$BASE/model.safetensors.
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
 # preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
+# JAX_PLATFORMS=cpu: webshop's BM25 index (bm25s) uses JAX when it is installed, as it is there, and JAX on a GPU takes
+# 75% of its memory at start: with 18 webshop workers at once the GPUs ran out, and the workers and the rollout
+# servers (torch touches the GPU too) failed.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
        VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
-       OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 \
+       OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 JAX_PLATFORMS=cpu \
        AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 collect() {
-  python3 -m bench.ablation --out "$WORK" --report > "$OUT/report.txt" 2>&1
+  python3 -m bench.ablation --out "$WORK" --report > "$LOGS/report.txt" 2>&1
   cp "$WORK"/summary.* "$WORK"/ablation.png "$OUT"/ 2>/dev/null
-  (cd "$WORK" && find . \( -name run.json -o -name metrics.jsonl -o -name bench.log -o -name summary.md \) \
+  (cd "$WORK" && find . \( -name run.json -o -name metrics.jsonl -o -name bench.log -o -path './device/*' \) \
      -not -path '*/checkpoints/*' -print0 | tar czf "$OUT/runs.tgz" --null -T -)
   # The first error of a failed run, if any.
   grep -l -m1 "Error" "$WORK"/*/bench.log "$WORK"/*/*/bench.log 2>/dev/null | head -2 | while read -r log; do
     echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
   # Each run's last training step and its timing (sizes the next call).
   for log in "$WORK"/*/seed_*/bench.log; do [ -f "$log" ] && echo "$log: $(grep "RL step" "$log" | tail -1 | cut -c1-160)"; done
-  tail -3 "$OUT/report.txt"
+  tail -3 "$LOGS/report.txt"
 }
 trap collect EXIT
 echo "cpus $(nproc --all)"
-(while uptime; do sleep 30; done > "$OUT/load.txt") &
+(while uptime; do sleep 30; done > "$LOGS/load.txt") &
 MODEL_ARGS=()
 if [ -n "${BASE:-}" ]; then
   began=$SECONDS
   MODEL=$(OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
-warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$OUT/warmup.log" | tail -1)
-  [ -f "$MODEL/config.json" ] || { echo "warm-up failed"; tail -20 "$OUT/warmup.log"; exit 1; }
+warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$LOGS/warmup.log" | tail -1)
+  [ -f "$MODEL/config.json" ] || { echo "warm-up failed"; tail -20 "$LOGS/warmup.log"; exit 1; }
   echo "warm-up: $MODEL in $((SECONDS - began)) s: $(cat "$MODEL/warmup.json" | cut -c1-200)"
   tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")"
   MODEL_ARGS=(--model "$MODEL")
 fi
 # The bench gets what is left of TOTAL_S (the call's limit less the collection) after the warm-up.
 timeout --kill-after=45 "$(( ${TOTAL_S:-520} - SECONDS ))" python3 -m bench.ablation --out "$WORK" "${MODEL_ARGS[@]}" "$@" 2>&1 \
-  | tee "$OUT/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250
+  | tee "$LOGS/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250
 echo "bench rc=${PIPESTATUS[0]}"
