@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
-# every run at once, OMP_NUM_THREADS=2 per process. The start model: --model DIR (carried), or BASE=DIR (the tiny model
-# built here, carried: that machine has no alfworld, so it would build another tokenizer), from which the warm-up is
-# built there first on 16 threads and brought back in $OUT/warmup.tgz.
+# every run at once, OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (the warm-up built here, carried), or
+# BASE=DIR (the tiny model built here, carried: that machine has no alfworld, so it would build another tokenizer), from
+# which the warm-up is built there first on 16 threads (3.5 min) and brought back in $OUT/warmup.tgz.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
 #                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 #                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
 #                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle).
-# Run (device tool):  carry [".verl_bundle", WHEELS, BASE], command "WHEELS=... BASE=... bash bench/device_ablation.sh
-#                     --parallel 19 --steps 10" (arguments go to bench.ablation; TOTAL_S bounds all but the
-#                     collection).
+# Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... MODEL=... bash bench/device_ablation.sh
+#                     --parallel 19 --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds all
+#                     but the collection).
 # Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
 # stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
 set -uo pipefail
@@ -26,7 +26,9 @@ elif [ -n "${WHEELS:-}" ]; then
   python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
     || { echo "wheels failed"; exit 1; }
 fi
-if [ -f "${BASE:-}/model.safetensors.xz" ]; then xz -d "$BASE/model.safetensors.xz"; fi
+for dir in "${BASE:-}" "${MODEL:-}"; do
+  if [ -f "$dir/model.safetensors.xz" ]; then xz -d "$dir/model.safetensors.xz"; fi
+done
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
 # preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
@@ -53,7 +55,9 @@ trap collect EXIT
 echo "cpus $(nproc --all)"
 (while uptime; do sleep 30; done > "$LOGS/load.txt") &
 MODEL_ARGS=()
-if [ -n "${BASE:-}" ]; then
+if [ -n "${MODEL:-}" ]; then
+  MODEL_ARGS=(--model "$MODEL")
+elif [ -n "${BASE:-}" ]; then
   began=$SECONDS
   MODEL=$(OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
 warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$LOGS/warmup.log" | tail -1)
