@@ -562,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     if not args.report:
         config = workload()
-        model = Path(args.model) if args.model else warmed_up_model(config, args.base and Path(args.base))
+        # Resolved: each verl run works in its own folder.
+        model = Path(args.model).resolve() if args.model else warmed_up_model(config, args.base and Path(args.base))
         if child:
             (arm, seed), = [(a, s) for a in args.arms for s in args.seeds]
             run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
