@@ -249,3 +249,19 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
     assert [(a.arms, a.seeds, a.parallel) for a in launched] == [
         (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
     assert all("--child" in cmd for cmd in _FinishedChild.launched)
+
+
+def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
+    import dataclasses
+
+    from bench.ablation import warmup_key
+
+    config, base = workload(), tmp_path / "tiny-qwen2-abc"
+    assert warmup_key(base, config) == warmup_key(base, workload())
+    assert warmup_key(tmp_path / "tiny-qwen2-def", config) != warmup_key(base, config)
+    fewer = workload()
+    fewer.tasks[1] = dataclasses.replace(fewer.tasks[1], demonstrations=10)
+    assert warmup_key(base, fewer) != warmup_key(base, config)
+    shorter = workload()
+    shorter.warmup = dataclasses.replace(shorter.warmup, max_steps=10)
+    assert warmup_key(base, shorter) != warmup_key(base, config)
