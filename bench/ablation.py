@@ -104,7 +104,8 @@ def workload() -> DemoConfig:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=list(arms()), help="arms to run")
+    # START is a child's job (the start model's evaluation), which every bench runs once anyway.
+    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=[*arms(), START], help="arms to run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of every arm per seed")
     parser.add_argument("--steps", type=int, default=12, help="training steps of every run")
     parser.add_argument("--batch", type=int, default=None,
@@ -360,7 +361,7 @@ def _read_metrics(folder: Path) -> list[dict[str, Any]]:
 
 def jobs(args: argparse.Namespace) -> list[tuple[str, int]]:
     """``(arm, seed)`` of every run, the start model's evaluation first (seed 0: it does not train)."""
-    return [(START, 0)] + [(arm, seed) for seed in args.seeds for arm in args.arms]
+    return [(START, 0)] + [(arm, seed) for seed in args.seeds for arm in args.arms if arm != START]
 
 
 def run_folder(workdir: Path, arm: str, seed: int) -> Path:

@@ -236,7 +236,7 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
     argv = ["--arms", "full", "single_calc", "--seeds", "0", "1", "--parallel", "3"]
     args, model = parse_args(argv), tmp_path / "warmup-abc"
     assert jobs(args) == [(START, 0), ("full", 0), ("single_calc", 0), ("full", 1), ("single_calc", 1)]
-    for arm, seed in ((START, 0), ("full", 1)):
+    for arm, seed in (("full", 1),):
         folder = run_folder(tmp_path, arm, seed)
         folder.mkdir(parents=True)
         write_run(folder, {**_record(arm, seed, dict.fromkeys(FAMILIES, 0.5)), "settings": run_settings(args, arm,
@@ -247,7 +247,8 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
     run_children(args, argv, tmp_path, model)
     launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
     assert [(a.arms, a.seeds, a.parallel) for a in launched] == [
-        (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
+        ([START], [0], 1), (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
+    assert jobs(launched[0]) == [(START, 0)]  # the child evaluates the start model only
     assert all("--child" in cmd for cmd in _FinishedChild.launched)
 
 
@@ -265,3 +266,16 @@ def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
     shorter = workload()
     shorter.warmup = dataclasses.replace(shorter.warmup, max_steps=10)
     assert warmup_key(base, shorter) != warmup_key(base, config)
+
+
+def test_a_child_runs_its_one_job_and_the_parent_reports(tmp_path, no_verl, capsys):
+    model = tmp_path / "warmup-abc"
+    common = ["--out", str(tmp_path / "out"), "--model", str(model), "--eval-size", "8"]
+    assert ablation.main(["--arms", START, "--seeds", "0", "--parallel", "1", "--child", *common]) == 0
+    assert no_verl == {"train": [], "evaluate": ["warmup-abc"]}
+    assert ablation.main(["--arms", "full", "--seeds", "0", "1", *common]) == 0  # in-process, the start kept
+    assert [arm for arm, *_ in no_verl["train"]] == ["full", "full"] and len(no_verl["evaluate"]) == 3
+    assert capsys.readouterr().out.splitlines()[-1] == "start=0.500 start_se=0.000 full=0.500 full_se=0.000"
+    assert (tmp_path / "out" / "summary.md").exists() and (tmp_path / "out" / "summary.json").exists()
+    assert ablation.main(["--report", "--out", str(tmp_path / "out")]) == 0  # runs nothing
+    assert len(no_verl["evaluate"]) == 3
