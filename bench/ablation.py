@@ -1,0 +1,594 @@
+"""The AgentRL ablation at small scale: ``python -m bench.ablation``.
+
+The workload is the multi-task demo's (``presets/demo_multitask.yaml``) without alfworld: calc, kg and webshop on
+their easy settings. One warm-up model (the demo's supervised warm-up on the three families' expert demonstrations,
+built once and cached under ``$AGENTRL_CACHE_DIR/ablation/``) starts every run. Each run is verl's real ``main_ppo``
+on CPU with the demo's RL preset (``cpu_tiny +demo=tiny`` and the multi-task overrides: ``task_norm_grpo``, the
+asynchronous trainer, cross-policy sampling), for the same number of steps of the same batch (so the same number of
+trained trajectories), in one of these arms (:func:`arms`):
+
+- ``full``: everything on;
+- ``no_task_norm``: ``agentrl.task_adv_norm=off`` (group advantages only);
+- ``no_cross_policy``: ``agentrl.cross_policy.enable=false``;
+- ``single_<family>``: that family's prompts only, everything on.
+
+After training, each run's final model plays the first ``--eval-size`` held-out indices of every family (never
+demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model is
+evaluated once the same way. ``--seeds`` repeats every arm (the seed sets the data order and which prompts are
+drawn). ``summary.md`` holds the paper's table (rows arms, columns families and their mean, each cell held-out
+success +- its standard error over seeds), what differs between the families, and each arm's training; with
+``summary.json`` and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
+families and its standard error over seeds.
+
+Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after its training and again after its
+evaluation, so the same command resumes a bench that was cut off: evaluated runs are kept, trained runs whose model
+is still there are only evaluated, the others run again. ``--parallel P`` runs P of them at once, each in its own
+process; ``--report`` only re-summarises what ``--out`` holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl_verl.harness.demo import (
+    DemoConfig,
+    RLSpec,
+    TaskSpec,
+    _rl_preset_values,
+    _task_indices,
+    evaluate_tasks,
+    exported_actor,
+    load_demo_config,
+    rl_command,
+    run_rl,
+    stack_config,
+    write_datasets,
+)
+from agentrl_verl.harness.presets import CONFIG_DIR
+from bench.async_vs_sync import mean_and_se
+from env_adapters.launcher import EnvStack
+
+logger = logging.getLogger("bench.ablation")
+
+FAMILIES = ("calc", "kg", "webshop")
+"""The multi-task preset's families the ablation trains on (alfworld needs TextWorld, which the GPU machine lacks)."""
+HELD_OUT = 100
+"""The first indices of each family: evaluated, never demonstrated or trained on (``--eval-size`` plays a prefix)."""
+START = "start"
+"""The record name of the start model's evaluation (no training)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of the ablation: the families it trains on and its Hydra overrides of the RL preset."""
+
+    families: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+
+
+def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
+    """The arms, by name: ``full``, ``no_task_norm``, ``no_cross_policy`` and ``single_<family>`` for each family."""
+    every = tuple(families)
+    return {"full": Arm(every), "no_task_norm": Arm(every, ("agentrl.task_adv_norm=off",)),
+            "no_cross_policy": Arm(every, ("agentrl.cross_policy.enable=false",)),
+            **{f"single_{family}": Arm((family,)) for family in families}}
+
+
+def workload() -> DemoConfig:
+    """The multi-task demo's settings restricted to :data:`FAMILIES`, each with :data:`HELD_OUT` held-out indices."""
+    config = load_demo_config(Path(CONFIG_DIR) / "demo_multitask.yaml")
+    # Concurrency 64: an evaluation plays a family's episodes at most that many at once, within its worker's limit.
+    config.tasks = [dataclasses.replace(t, held_out=HELD_OUT, concurrency=64) for t in config.tasks
+                    if t.name in FAMILIES]
+    missing = set(FAMILIES) - {t.name for t in config.tasks}
+    if missing:
+        raise ValueError(f"demo_multitask.yaml has no task {sorted(missing)}")
+    return config
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # START is a child's job (the start model's evaluation), which every bench runs once anyway.
+    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=[*arms(), START], help="arms to run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of every arm per seed")
+    parser.add_argument("--steps", type=int, default=12, help="training steps of every run")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="groups (prompts) per step, data.train_batch_size (default: the RL preset's)")
+    parser.add_argument("--n", type=int, default=None, help="trajectories per group (default: the RL preset's)")
+    parser.add_argument("--eval-size", type=int, default=HELD_OUT,
+                        help=f"held-out episodes per family of each model, sampled (at most {HELD_OUT})")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in its own process")
+    parser.add_argument("--model", default=None,
+                        help="start model used as is (default: the cached warm-up on the three families)")
+    parser.add_argument("--base", default=None,
+                        help="tiny model the warm-up starts from (default: the one built here, cached)")
+    parser.add_argument("--out", default=None, help="folder of the runs and the summary (default: a temporary)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override of every run (repeatable)")
+    parser.add_argument("--report", action="store_true", help="run nothing: summarise the runs under --out")
+    args = parser.parse_args(argv)
+    if not 0 < args.eval_size <= HELD_OUT:
+        parser.error(f"--eval-size {args.eval_size}: must be in 1..{HELD_OUT}")
+    if args.parallel < 1:
+        parser.error(f"--parallel {args.parallel}: must be >= 1")
+    if args.report and not args.out:
+        parser.error("--report summarises the runs under --out: name it")
+    return args
+
+
+# ---- the start model ----------------------------------------------------------------------------------
+
+
+def warmup_key(base: Path, config: DemoConfig) -> str:
+    """Cache key of the warm-up model: everything that shapes it (base model, tasks, demonstrations, warm-up and
+    evaluation settings, the warm-up code)."""
+    from agentrl_verl.harness import cold_start
+
+    code = hashlib.sha256(Path(cold_start.__file__).read_bytes()).hexdigest()
+    settings = {"base": base.name, "code": code, "seed": config.seed, "demonstrations": config.demonstrations,
+                "tasks": [dataclasses.asdict(t) for t in config.tasks], "warmup": dataclasses.asdict(config.warmup),
+                "eval": dataclasses.asdict(config.eval)}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
+    """The tiny model after the multi-task demo's supervised warm-up on :data:`FAMILIES`, built once and kept under
+    ``$AGENTRL_CACHE_DIR/ablation/`` keyed by :func:`warmup_key`; its ``warmup.json`` holds the warm-up's history.
+    ``base``: the tiny model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds
+    another tokenizer, so there it is carried)."""
+    from transformers import AutoTokenizer
+
+    from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
+    from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
+
+    base = base or build_tiny_model()
+    root = default_cache_dir() / "ablation"
+    target = root / f"warmup-{warmup_key(base, config)}"
+    if (target / "config.json").exists():
+        logger.info("warm-up: reusing %s", target)
+        return target
+    logger.info("warm-up on %s (once; cached in %s)", ", ".join(FAMILIES), target)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    build = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    try:
+        with EnvStack(stack_config(config.tasks), startup_timeout=180) as stack:
+            held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
+            demos = [d for t in config.tasks for d in generate_demonstrations(
+                t.family, train[t.name][: t.demonstration_count(config.demonstrations)], t.options)]
+            checked = {name: indices[: config.eval.warmup_indices] for name, indices in held_out.items()}
+
+            def check(model, part: slice) -> list[bool]:
+                results = evaluate_tasks(stack.url, model, tokenizer, {k: v[part] for k, v in checked.items()},
+                                         config.eval, sessions(config.tasks), seed=config.seed)
+                return [e["success"] for result in results.values() for e in result.episodes]
+
+            warm = supervised_warmup(base, demos, build, check, config.warmup)
+        logger.info("warm-up: %d steps on %d demonstrations, held-out greedy success %.2f", warm.steps, len(demos),
+                    warm.success)
+        (build / "warmup.json").write_text(json.dumps(
+            {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}))
+        build.rename(target)  # atomic: a concurrent or interrupted build never leaves half a model under target
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return target
+
+
+def split(indices: dict[str, list[Any]], tasks: Sequence[TaskSpec]) -> tuple[dict[str, list], dict[str, list]]:
+    """Each task's indices cut into held-out (its first ``held_out``) and training (the rest), as the demo does."""
+    return ({t.name: indices[t.name][: t.held_out] for t in tasks},
+            {t.name: indices[t.name][t.held_out:] for t in tasks})
+
+
+def sessions(tasks: Sequence[TaskSpec]) -> dict[str, int]:
+    """Episodes at once per task in an evaluation (within each worker's concurrency), as the demo plays them."""
+    return {t.name: min(t.concurrency, 64) for t in tasks}
+
+
+# ---- one run ------------------------------------------------------------------------------------------
+
+
+def run_settings(args: argparse.Namespace, arm: str, model: Path) -> dict[str, Any]:
+    """What a run depends on besides its seed; a ``run.json`` made with other settings is not resumed."""
+    spec = arms()[arm] if arm != START else Arm(FAMILIES)
+    return {"arm": arm, "families": list(spec.families), "steps": 0 if arm == START else args.steps,
+            "batch": args.batch, "n": args.n, "arm_overrides": list(spec.overrides), "overrides": args.override,
+            "model": model.name}
+
+
+def saved_run(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``run.json`` of a run's folder (None without one).
+
+    Raises:
+        ValueError: it was made with other settings (resuming would mix two experiments).
+    """
+    path = folder / "run.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("settings") != settings:
+        raise ValueError(f"{path} was made with settings {record.get('settings')}, not {settings}: use another --out")
+    return record
+
+
+def run_done(record: dict[str, Any] | None, eval_size: int) -> bool:
+    """Whether a saved run needs nothing more: evaluated on ``eval_size`` episodes of every family."""
+    return record is not None and record.get("eval_size") == eval_size and set(record.get("held_out", {})) == set(
+        FAMILIES)
+
+
+def write_run(folder: Path, record: dict[str, Any]) -> None:
+    """Write ``run.json`` whole or not at all (a run cut off while writing leaves the previous one)."""
+    partial = folder / "run.json.tmp"
+    partial.write_text(json.dumps(record, indent=2))
+    partial.replace(folder / "run.json")
+
+
+def size_overrides(batch: int | None, n: int | None) -> list[str]:
+    """Hydra overrides for ``batch`` groups of ``n`` trajectories (None: the preset's): one mini-batch per step and one
+    group per micro-batch, as the demo's preset has them."""
+    out = []
+    if batch is not None:
+        out += [f"data.train_batch_size={batch}", f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}"]
+    if n is not None:
+        out += [f"actor_rollout_ref.rollout.n={n}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={n}"]
+    return out
+
+
+def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) -> dict[str, Any]:
+    """A run's training from verl's per-step metrics (``metrics.jsonl`` rows): training time (the last step's
+    checkpoint save left out), trajectories, and per family its trajectories and per-step reward and success."""
+    steps = [row["data"] for row in sorted(history, key=lambda row: row["step"])]
+    per_family = {}
+    for family in families:
+        def series(name: str, family: str = family) -> list[float | None]:
+            return [None if f"agentrl/{family}/{name}" not in m else round(float(m[f"agentrl/{family}/{name}"]), 3)
+                    for m in steps]
+
+        per_family[family] = {
+            "trajectories": sum(float(m.get(f"agentrl/{family}/episodes", 0.0)) for m in steps),
+            **{name: series(name) for name in ("reward", "success_rate", "generated_tokens", "env_tokens", "turns")},
+        }
+    return {
+        "steps": len(steps),
+        "train_s": sum(float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps),
+        "trajectories": sum(float(m.get("agentrl/all/episodes", 0.0)) for m in steps),
+        "families": per_family,
+    }
+
+
+def evaluate(model_path: Path, start: Path, url: str, held_out: dict[str, list], config: DemoConfig,
+             eval_size: int) -> dict[str, dict[str, float]]:
+    """Sampled held-out play of ``model_path`` on the first ``eval_size`` held-out indices of every family (the
+    tokenizer is the start model's, which RL keeps); per family: success, mean reward, share of episodes with a
+    partial reward (0 < r < 1), mean turns and episodes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    splits = {family: held_out[family][:eval_size] for family in FAMILIES}
+    results = evaluate_tasks(url, model, tokenizer, splits, config.eval, sessions(config.tasks), greedy=False,
+                             seed=config.seed)
+    return {family: episode_stats(result.episodes) for family, result in results.items()}
+
+
+def episode_stats(episodes: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Success rate, mean reward, share of partial rewards (0 < r < 1), mean turns and count of ``episodes``."""
+    n = max(len(episodes), 1)
+    return {"success": sum(e["success"] for e in episodes) / n, "reward": sum(e["reward"] for e in episodes) / n,
+            "partial": sum(0.0 < e["reward"] < 1.0 for e in episodes) / n,
+            "turns": sum(e["turns"] for e in episodes) / n, "episodes": len(episodes)}
+
+
+def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: Path, config: DemoConfig
+            ) -> dict[str, Any]:
+    """One run, resumed from ``folder``: trained (unless :data:`START`, or trained before and its model is still
+    there), then evaluated; ``run.json`` is written after each. Returns its record."""
+    settings = run_settings(args, arm, model)
+    saved = saved_run(folder, settings)
+    if run_done(saved, args.eval_size):
+        logger.info("%s seed %d: done before, kept", arm, seed)
+        return saved
+    spec = arms()[arm] if arm != START else Arm(FAMILIES)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "env_logs").mkdir(exist_ok=True)
+    with EnvStack(stack_config(config.tasks), log_dir=folder / "env_logs", startup_timeout=180) as stack:
+        held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
+        if arm == START:
+            final, record = model, {"arm": arm, "seed": seed, "settings": settings}
+        elif saved is not None and Path(saved["model"], "config.json").exists():
+            logger.info("%s seed %d: trained before, evaluating its model", arm, seed)
+            final, record = Path(saved["model"]), saved
+        else:
+            final = train_run(args, arm, spec, seed, folder, model, config, stack.url, train, held_out)
+            record = {"arm": arm, "seed": seed, "settings": settings, "model": str(final),
+                      "train": train_summary(_read_metrics(folder), spec.families)}
+            write_run(folder, record)
+        record = {**record, "held_out": evaluate(final, model, stack.url, held_out, config, args.eval_size),
+                  "eval_size": args.eval_size}
+    write_run(folder, record)
+    logger.info("%s seed %d: held-out success %s", arm, seed,
+                ", ".join(f"{f} {v['success']:.3f}" for f, v in record["held_out"].items()))
+    return record
+
+
+def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: Path, model: Path,
+              config: DemoConfig, url: str, train: dict[str, list], held_out: dict[str, list]) -> Path:
+    """The verl run of one arm and seed, as the demo's RL phase runs it; returns its final model (HF export)."""
+    rl = RLSpec(steps=args.steps, stall_s=config.rl.stall_s,
+                overrides=[*config.rl.overrides, *size_overrides(args.batch, args.n), *spec.overrides, *args.override])
+    preset = _rl_preset_values(rl)
+    batch, staleness = int(preset.data.train_batch_size), int(preset.agentrl["async"].max_staleness)
+    weights = {t.name: t.weight for t in config.tasks if t.name in spec.families}
+    # The asynchronous trainer admits up to max_staleness + 1 batches ahead of the one it trains.
+    rows = (args.steps + staleness + 1) * batch
+    train_file, val_file = write_datasets(folder / "data", {f: train[f] for f in spec.families},
+                                          {f: held_out[f] for f in spec.families}, weights, rows, seed)
+    ray_dir = Path(tempfile.mkdtemp(prefix="abl-ray-", dir="/tmp"))  # short: Ray's socket path limit
+    try:
+        cmd = rl_command(str(model), train_file, val_file, url, folder, ray_dir, rl, seed)
+        logger.info("%s seed %d: %d steps of %d groups (%s)", arm, seed, args.steps, batch, ", ".join(spec.families))
+        run_rl(cmd, folder, list(spec.families), args.steps, rl.stall_s)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    return exported_actor(folder / "checkpoints", args.steps)
+
+
+def _read_metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+# ---- many runs ----------------------------------------------------------------------------------------
+
+
+def jobs(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """``(arm, seed)`` of every run, the start model's evaluation first (seed 0: it does not train)."""
+    return [(START, 0)] + [(arm, seed) for seed in args.seeds for arm in args.arms if arm != START]
+
+
+def run_folder(workdir: Path, arm: str, seed: int) -> Path:
+    return workdir / arm if arm == START else workdir / arm / f"seed_{seed}"
+
+
+def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path) -> None:
+    """Run every job not done yet under ``workdir`` in its own process, ``--parallel`` at once. A child gets this
+    command line with its own ``--arms``, ``--seeds``, ``--out`` and ``--model`` (the last occurrence of an option
+    wins) and ``--parallel 1``.
+
+    Raises:
+        RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
+    """
+    pending = [(arm, seed) for arm, seed in jobs(args)
+               if not run_done(saved_run(run_folder(workdir, arm, seed), run_settings(args, arm, model)),
+                               args.eval_size)]
+    running: dict[tuple[str, int], subprocess.Popen] = {}
+    failed = []
+    try:
+        while pending or running:
+            while pending and len(running) < args.parallel:
+                arm, seed = pending.pop(0)
+                folder = run_folder(workdir, arm, seed)
+                folder.mkdir(parents=True, exist_ok=True)
+                cmd = [sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds", str(seed),
+                       "--out", str(workdir), "--model", str(model), "--parallel", "1", "--child"]
+                with open(folder / "bench.log", "a") as log:
+                    running[arm, seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                          start_new_session=True)
+                logger.info("%s seed %d: started (log %s)", arm, seed, folder / "bench.log")
+            for key, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[key]
+                    outcome = "done" if proc.returncode == 0 else f"failed ({proc.returncode})"
+                    logger.info("%s seed %d: %s", *key, outcome)
+                    if proc.returncode != 0:
+                        failed.append(key)
+            time.sleep(2)
+    finally:
+        # An error, Ctrl-C or SIGTERM here: each child stops its verl run and environment stack on SIGTERM.
+        for proc in running.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running.values():
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if failed:
+        raise RuntimeError(f"runs {failed} failed; see their bench.log under {workdir}")
+
+
+def load_runs(workdir: Path) -> list[dict[str, Any]]:
+    """Every ``run.json`` under ``workdir`` (``--report``), evaluated or not."""
+    return [json.loads(path.read_text()) for path in sorted(workdir.glob("**/run.json"))]
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+
+
+def arm_statistics(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm (in the order of :func:`arms`, the start model first): per family and for the mean over families, the
+    mean held-out success over seeds and its standard error, and the seeds; plus ``specialists`` (each
+    ``single_<family>`` arm on its own family) when every single-task arm was evaluated. Records without an evaluation
+    are left out."""
+    order = [START, *arms()]
+    evaluated = [r for r in records if set(r.get("held_out", {})) == set(FAMILIES)]
+    stats: dict[str, dict[str, Any]] = {}
+    for arm in sorted({r["arm"] for r in evaluated}, key=order.index):
+        runs = sorted((r for r in evaluated if r["arm"] == arm), key=lambda r: r["seed"])
+        row: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
+        for family in FAMILIES:
+            row[family] = mean_and_se([r["held_out"][family]["success"] for r in runs])
+        row["mean"] = mean_and_se([sum(r["held_out"][f]["success"] for f in FAMILIES) / len(FAMILIES) for r in runs])
+        stats[arm] = row
+    singles = [f"single_{family}" for family in FAMILIES]
+    if all(arm in stats for arm in singles):
+        # Seeds pair the specialists: seed s's mean is over the three single-task runs of seed s.
+        seeds = sorted(set.intersection(*(set(stats[arm]["seeds"]) for arm in singles)))
+        by_seed = {(r["arm"], r["seed"]): r for r in evaluated}
+        row = {"seeds": seeds}
+        for family in FAMILIES:
+            row[family] = stats[f"single_{family}"][family]
+        row["mean"] = mean_and_se([sum(by_seed[f"single_{f}", s]["held_out"][f]["success"] for f in FAMILIES)
+                                   / len(FAMILIES) for s in seeds]) if seeds else (math.nan, math.nan)
+        stats["specialists"] = row
+    return stats
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a success rate ``p`` measured on ``n`` episodes."""
+    return math.sqrt(p * (1 - p) / n) if n else math.nan
+
+
+def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """What differs between the families (Markdown rows): the start model's held-out play (success, mean reward,
+    share of partial rewards, turns) and the ``full`` arm's first RL step with episodes of the family (tokens generated
+    and from the environment per episode, training success with any positive reward counted)."""
+    start = next((r for r in records if r["arm"] == START and "held_out" in r), None)
+    full = [r for r in records if r["arm"] == "full" and "train" in r]
+    lines = ["| family | start success | start mean reward | partial rewards | turns | generated tokens "
+             "| env tokens | first RL step's success (reward > 0) |", "|" + " --- |" * 8]
+
+    def first(family: str, name: str) -> str:
+        # A step's random batch may hold no group of a family: its first step that does.
+        values = [next(v for v in r["train"]["families"][family][name] if v is not None) for r in full
+                  if any(v is not None for v in r["train"]["families"][family][name])]
+        return f"{sum(values) / len(values):.2f}" if values else "-"
+
+    for family in FAMILIES:
+        s = start["held_out"][family] if start else None
+        cells = ["-"] * 4 if s is None else [f"{s['success']:.2f}", f"{s['reward']:.2f}", f"{s['partial']:.2f}",
+                                             f"{s['turns']:.1f}"]
+        lines.append(f"| {family} | {' | '.join(cells)} | {first(family, 'generated_tokens')} "
+                     f"| {first(family, 'env_tokens')} | {first(family, 'success_rate')} |")
+    return lines
+
+
+def describe(records: Sequence[dict[str, Any]]) -> str:
+    """The runs' settings in a sentence (from their records, so that ``--report`` states what ran)."""
+    trained = [r["settings"] for r in records if r["arm"] != START]
+    if not trained:
+        return "No training run yet."
+    s = trained[0]
+    sizes = sorted({str(r["eval_size"]) for r in records if "eval_size" in r})
+    return (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings), start model {s['model']}; "
+            f"{s['steps']} steps of {s['batch'] or 'the preset'} groups x {s['n'] or 'the preset'} trajectories per "
+            f"run; held-out {' / '.join(sizes) or '-'} sampled episodes per family per model; extra overrides "
+            f"{s['overrides'] or 'none'}.")
+
+
+def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[str, Any]], settings: str) -> str:
+    """The report: the paper's table (rows arms; columns families and their mean; success +- s.e. over seeds), the
+    families' differences, and each arm's training (trajectories per family, time)."""
+    lines = ["# bench.ablation", "", settings, "",
+             "Held-out success (sampled), mean +- standard error over seeds:", "",
+             f"| arm | seeds | {' | '.join(FAMILIES)} | mean |", "| --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+    for arm, row in stats.items():
+        cells = " | ".join(f"{row[key][0]:.3f} +- {row[key][1]:.3f}" for key in (*FAMILIES, "mean"))
+        lines.append(f"| {arm} | {len(row['seeds'])} | {cells} |")
+    episodes = sorted({v["episodes"] for r in records for v in r.get("held_out", {}).values()})
+    if episodes:
+        worst = max(binomial_se(r["held_out"][f]["success"], r["held_out"][f]["episodes"])
+                    for r in records if "held_out" in r for f in FAMILIES)
+        lines += ["", f"Each run's rate of a family is over {', '.join(map(str, episodes))} held-out episodes "
+                      f"(binomial standard error at most {worst:.3f} in any run). `specialists`: each single-task "
+                      "arm on its own family (the paper's single-task comparison); a single-task arm's other "
+                      "families show what training on one family does to the others."]
+    lines += ["", "## The families", "", *family_table(records), "",
+              "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
+              "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+    for r in sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"])):
+        t = r["train"]
+        per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in FAMILIES)
+        lines.append(f"| {r['arm']} | {r['seed']} | {t['steps']} | {t['trajectories']:.0f} | {per} "
+                     f"| {t['train_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(stats: dict[str, dict[str, Any]], path: Path) -> None:
+    """Grouped bars: each arm's held-out success per family and their mean, with standard-error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [*FAMILIES, "mean"]
+    width = 0.8 / max(len(stats), 1)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for i, (arm, row) in enumerate(stats.items()):
+        xs = [k + (i - (len(stats) - 1) / 2) * width for k in range(len(keys))]
+        ax.bar(xs, [row[k][0] for k in keys], width, yerr=[row[k][1] for k in keys], capsize=2, label=arm)
+    ax.set_xticks(range(len(keys)), keys)
+    ax.set(title="held-out success (sampled), mean +- s.e. over seeds", ylabel="success rate", ylim=(0, 1))
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def headline(stats: dict[str, dict[str, Any]]) -> str:
+    """The last line: each arm's mean success over families and its standard error over seeds."""
+    return " ".join(f"{arm}={row['mean'][0]:.3f} {arm}_se={row['mean'][1]:.3f}" for arm, row in stats.items())
+
+
+# ---- the command --------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # force: importing verl already gave the root logger a WARNING-level handler.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    child = "--child" in argv  # one run of a parent's, which reports
+    args = parse_args([a for a in argv if a != "--child"])
+    # A timeout's SIGTERM unwinds like Ctrl-C: verl runs, children and environment stacks are stopped on the way.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    workdir = Path(args.out or tempfile.mkdtemp(prefix="ablation_")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        config = workload()
+        # Resolved: each verl run works in its own folder.
+        model = Path(args.model).resolve() if args.model else warmed_up_model(config, args.base and Path(args.base))
+        if child:
+            (arm, seed), = [(a, s) for a in args.arms for s in args.seeds]
+            run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
+            return 0
+        if args.parallel > 1:
+            run_children(args, [a for a in argv if a != "--child"], workdir, model)
+        else:
+            for arm, seed in jobs(args):
+                run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
+    records = load_runs(workdir)
+    stats = arm_statistics(records)
+    settings = describe(records)
+    (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records},
+                                                     indent=2))
+    (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
+    try:
+        plot(stats, workdir / "ablation.png")
+    except ImportError:
+        logger.warning("matplotlib is not installed: no ablation.png")
+    print(summary_markdown(records, stats, settings))
+    print(f"workdir={workdir}")
+    print(headline(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

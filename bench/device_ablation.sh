@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
+# every run at once, OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (the warm-up built here, carried), or
+# BASE=DIR (the tiny model built here, carried: that machine has no alfworld, so it would build another tokenizer), from
+# which the warm-up is built there first on 16 threads (3.5 min) and brought back in $OUT/warmup.tgz.
+# Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
+#                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
+#                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+#                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
+#                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle).
+# Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... MODEL=... bash bench/device_ablation.sh
+#                     --parallel 19 --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds all
+#                     but the collection).
+# Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
+# stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
+set -uo pipefail
+OUT=${OUT:-/tmp/ablation_out}  # at most 8 files come back: logs go into runs.tgz
+WORK=/tmp/ablation
+LOGS=$WORK/device
+mkdir -p "$OUT" "$LOGS"
+bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
+if [ -f "${WHEELS:-}" ]; then  # their unpacked contents as one .tar.xz (a third smaller: the carry is limited)
+  tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
+elif [ -n "${WHEELS:-}" ]; then
+  # Plain unzip: these wheels need no install step (no scripts, no compiled entry points).
+  python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
+    || { echo "wheels failed"; exit 1; }
+fi
+for dir in "${BASE:-}" "${MODEL:-}"; do
+  if [ -f "$dir/model.safetensors.xz" ]; then xz -d "$dir/model.safetensors.xz"; fi
+done
+# The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
+# platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
+# preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
+# JAX_PLATFORMS=cpu: webshop's BM25 index (bm25s) uses JAX when it is installed, as it is there, and JAX on a GPU takes
+# 75% of its memory at start: with 18 webshop workers at once the GPUs ran out, and the workers and the rollout
+# servers (torch touches the GPU too) failed.
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
+       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
+       OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 JAX_PLATFORMS=cpu \
+       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+collect() {
+  python3 -m bench.ablation --out "$WORK" --report > "$LOGS/report.txt" 2>&1
+  cp "$WORK"/summary.* "$WORK"/ablation.png "$OUT"/ 2>/dev/null
+  (cd "$WORK" && find . \( -name run.json -o -name metrics.jsonl -o -name bench.log -o -path './device/*' \) \
+     -not -path '*/checkpoints/*' -print0 | tar czf "$OUT/runs.tgz" --null -T -)
+  # The first error of a failed run, if any.
+  grep -l -m1 "Error" "$WORK"/*/bench.log "$WORK"/*/*/bench.log 2>/dev/null | head -2 | while read -r log; do
+    echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
+  # Each run's last training step and its timing (sizes the next call).
+  for log in "$WORK"/*/seed_*/bench.log; do [ -f "$log" ] && echo "$log: $(grep "RL step" "$log" | tail -1 | cut -c1-160)"; done
+  tail -3 "$LOGS/report.txt"
+}
+trap collect EXIT
+echo "cpus $(nproc --all)"
+(while uptime; do sleep 30; done > "$LOGS/load.txt") &
+MODEL_ARGS=()
+if [ -n "${MODEL:-}" ]; then
+  MODEL_ARGS=(--model "$MODEL")
+elif [ -n "${BASE:-}" ]; then
+  began=$SECONDS
+  MODEL=$(OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
+warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$LOGS/warmup.log" | tail -1)
+  [ -f "$MODEL/config.json" ] || { echo "warm-up failed"; tail -20 "$LOGS/warmup.log"; exit 1; }
+  echo "warm-up: $MODEL in $((SECONDS - began)) s: $(cat "$MODEL/warmup.json" | cut -c1-200)"
+  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")"
+  MODEL_ARGS=(--model "$MODEL")
+fi
+# The bench gets what is left of TOTAL_S (the call's limit less the collection) after the warm-up.
+timeout --kill-after=45 "$(( ${TOTAL_S:-520} - SECONDS ))" python3 -m bench.ablation --out "$WORK" "${MODEL_ARGS[@]}" "$@" 2>&1 \
+  | tee "$LOGS/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250
+echo "bench rc=${PIPESTATUS[0]}"

@@ -1,0 +1,281 @@
+"""The parts of ``bench.ablation`` that need no verl: the arms and workload, per-run summaries, the bookkeeping that
+resumes a bench that was cut off, the statistics over seeds and the report."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import ablation
+from bench.ablation import (
+    FAMILIES,
+    HELD_OUT,
+    START,
+    arm_statistics,
+    arms,
+    describe,
+    headline,
+    jobs,
+    load_runs,
+    parse_args,
+    run_children,
+    run_done,
+    run_folder,
+    run_one,
+    run_settings,
+    saved_run,
+    size_overrides,
+    summary_markdown,
+    train_summary,
+    workload,
+    write_run,
+)
+
+
+def test_arms_switch_off_one_mechanism_each_or_train_one_family():
+    named = arms()
+    assert list(named) == ["full", "no_task_norm", "no_cross_policy", "single_calc", "single_kg", "single_webshop"]
+    assert named["full"].overrides == () and named["full"].families == FAMILIES
+    assert named["no_task_norm"].overrides == ("agentrl.task_adv_norm=off",)
+    assert named["no_cross_policy"].overrides == ("agentrl.cross_policy.enable=false",)
+    assert named["single_kg"].families == ("kg",) and named["single_kg"].overrides == ()
+
+
+def test_workload_is_the_multitask_demo_without_alfworld_and_holds_out_the_same_indices():
+    config = workload()
+    assert [t.name for t in config.tasks] == list(FAMILIES)
+    assert all(t.held_out == HELD_OUT and t.learnable for t in config.tasks)
+    assert config.eval.temperature == 0.8  # sampled at the RL temperature
+
+
+def test_size_overrides_keep_one_mini_batch_per_step_and_one_group_per_micro_batch():
+    assert size_overrides(None, None) == []
+    assert size_overrides(6, 4) == ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+                                    "actor_rollout_ref.rollout.n=4",
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+
+
+def test_parse_args_defaults_and_limits():
+    args = parse_args([])
+    assert args.arms == list(arms()) and args.seeds == [0, 1, 2] and args.eval_size == HELD_OUT
+    with pytest.raises(SystemExit):
+        parse_args(["--eval-size", str(HELD_OUT + 1)])
+    with pytest.raises(SystemExit):
+        parse_args(["--report"])  # needs --out
+    with pytest.raises(SystemExit):
+        parse_args(["--arms", "no_such_arm"])
+
+
+def _step(step: int, families: dict[str, float], seconds: float = 10.0, save: float | None = None) -> dict:
+    data = {"timing_s/step": seconds, "agentrl/all/episodes": sum(families.values())}
+    for family, episodes in families.items():
+        data.update({f"agentrl/{family}/episodes": episodes, f"agentrl/{family}/reward": 0.1 * step,
+                     f"agentrl/{family}/success_rate": 0.5, f"agentrl/{family}/generated_tokens": 40.0})
+    if save is not None:
+        data["timing_s/save_checkpoint"] = save
+    return {"step": step, "data": data}
+
+
+def test_train_summary_counts_trajectories_per_family_and_leaves_out_the_final_save():
+    history = [_step(2, {"calc": 24.0, "kg": 40.0}, save=3.0), _step(1, {"calc": 64.0})]  # out of order
+    summary = train_summary(history, FAMILIES)
+    assert summary["steps"] == 2 and summary["train_s"] == pytest.approx(17.0)
+    assert summary["trajectories"] == 128
+    assert summary["families"]["calc"]["trajectories"] == 88 and summary["families"]["kg"]["trajectories"] == 40
+    assert summary["families"]["calc"]["reward"] == [0.1, 0.2]
+    assert summary["families"]["kg"]["reward"] == [None, 0.2]  # no kg episode in step 1
+    assert summary["families"]["webshop"]["trajectories"] == 0
+
+
+def _held_out(success: dict[str, float], episodes: int = 100) -> dict:
+    return {f: {"success": success[f], "reward": success[f], "partial": 0.0, "turns": 2.0, "episodes": episodes}
+            for f in FAMILIES}
+
+
+def _record(arm: str, seed: int, success: dict[str, float] | None, steps: int = 12) -> dict:
+    record = {"arm": arm, "seed": seed,
+              "settings": {"arm": arm, "steps": steps, "batch": None, "n": None, "overrides": [], "model": "w"}}
+    if arm != START:
+        record["train"] = train_summary([_step(1, {f: 64.0 / len(arms()[arm].families)
+                                                   for f in arms()[arm].families})], FAMILIES)
+    if success is not None:
+        record.update(held_out=_held_out(success), eval_size=100)
+    return record
+
+
+def test_arm_statistics_over_seeds_and_the_specialists_row():
+    records = [_record(START, 0, {"calc": 0.4, "kg": 0.2, "webshop": 0.3}),
+               _record("full", 0, {"calc": 0.6, "kg": 0.3, "webshop": 0.3}),
+               _record("full", 1, {"calc": 0.4, "kg": 0.3, "webshop": 0.5}),
+               _record("no_task_norm", 0, None)]  # trained, not evaluated: left out
+    for seed in (0, 1):
+        for family in FAMILIES:
+            success = dict.fromkeys(FAMILIES, 0.0) | {family: 0.5 + 0.1 * seed}
+            records.append(_record(f"single_{family}", seed, success))
+    stats = arm_statistics(records)
+    assert list(stats) == [START, "full", "single_calc", "single_kg", "single_webshop", "specialists"]
+    assert stats["full"]["calc"] == pytest.approx((0.5, 0.1))
+    assert stats["full"]["mean"] == pytest.approx((0.4, 0.0))  # both seeds average 0.4 over families
+    assert stats[START]["seeds"] == [0] and stats[START]["kg"] == (0.2, 0.0)
+    assert stats["specialists"]["kg"] == pytest.approx((0.55, 0.05))
+    assert stats["specialists"]["mean"] == pytest.approx((0.55, 0.05))  # each specialist on its own family
+    assert stats["single_kg"]["mean"] == pytest.approx((0.55 / 3, 0.05 / 3))
+
+
+def test_no_specialists_row_without_every_single_task_arm():
+    records = [_record("single_calc", 0, {"calc": 0.6, "kg": 0.0, "webshop": 0.0})]
+    assert "specialists" not in arm_statistics(records)
+
+
+def test_summary_markdown_table_in_the_papers_layout_and_the_headline():
+    records = [_record(START, 0, {"calc": 0.4, "kg": 0.2, "webshop": 0.3}),
+               _record("full", 0, {"calc": 0.6, "kg": 0.3, "webshop": 0.3}),
+               _record("full", 1, {"calc": 0.4, "kg": 0.3, "webshop": 0.5})]
+    stats = arm_statistics(records)
+    text = summary_markdown(records, stats, describe(records))
+    assert "| arm | seeds | calc | kg | webshop | mean |" in text
+    assert "| full | 2 | 0.500 +- 0.100 | 0.300 +- 0.000 | 0.400 +- 0.100 | 0.400 +- 0.000 |" in text
+    assert "over 100 held-out episodes (binomial standard error at most 0.050" in text
+    assert "| calc | 0.40 | 0.40 | 0.00 | 2.0 | 40.00 | - | 0.50 |" in text  # the families' table
+    assert "| full | 1 | 1 | 64 | 21 | 21 | 21 | 10 |" in text  # the training table
+    assert "12 steps of the preset groups" in text
+    assert headline(stats) == "start=0.300 start_se=0.000 full=0.400 full_se=0.000"
+
+
+def test_run_done_needs_every_family_at_the_eval_size(tmp_path):
+    assert not run_done(None, 100)
+    assert not run_done(_record("full", 0, None), 100)  # trained only
+    assert run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 100)
+    assert not run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 50)
+
+
+def test_saved_run_refuses_other_settings(tmp_path):
+    args, model = parse_args([]), tmp_path / "warmup-abc"
+    settings = run_settings(args, "full", model)
+    assert saved_run(tmp_path, settings) is None
+    write_run(tmp_path, {"arm": "full", "seed": 0, "settings": settings})
+    assert saved_run(tmp_path, settings)["arm"] == "full"
+    with pytest.raises(ValueError, match="use another --out"):
+        saved_run(tmp_path, run_settings(parse_args(["--steps", "3"]), "full", model))
+    assert run_settings(args, START, model)["steps"] == 0  # the start model does not train
+
+
+class _Stack:
+    url = "http://stack"
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def no_verl(monkeypatch):
+    calls = {"train": [], "evaluate": []}
+
+    async def indices(url, tasks):
+        return {t.name: list(range(HELD_OUT + 10)) for t in tasks}
+
+    def train(args, arm, spec, seed, folder, model, config, url, train_split, held_out):
+        calls["train"].append((arm, seed, sorted(train_split[f][0] for f in spec.families)))
+        final = folder / "checkpoints" / "huggingface"
+        final.mkdir(parents=True)
+        (final / "config.json").write_text("{}")
+        (folder / "metrics.jsonl").write_text(json.dumps(_step(1, dict.fromkeys(spec.families, 8.0))) + "\n")
+        return final
+
+    def evaluate(model_path, start, url, held_out, config, eval_size):
+        calls["evaluate"].append(Path(model_path).name)
+        assert all(len(v) == HELD_OUT for v in held_out.values())
+        return _held_out(dict.fromkeys(FAMILIES, 0.5), eval_size)
+
+    monkeypatch.setattr(ablation, "EnvStack", _Stack)
+    monkeypatch.setattr(ablation, "_task_indices", indices)
+    monkeypatch.setattr(ablation, "train_run", train)
+    monkeypatch.setattr(ablation, "evaluate", evaluate)
+    return calls
+
+
+def test_run_one_trains_then_evaluates_and_resumes(tmp_path, no_verl):
+    args, model, config = parse_args([]), tmp_path / "warmup-abc", workload()
+    folder = run_folder(tmp_path, "single_kg", 1)
+    record = run_one(args, "single_kg", 1, folder, model, config)
+    assert no_verl["train"] == [("single_kg", 1, [HELD_OUT])]  # trains after the held-out indices
+    assert record["train"]["families"]["kg"]["trajectories"] == 8 and record["held_out"]["kg"]["success"] == 0.5
+    assert json.loads((folder / "run.json").read_text()) == record
+    run_one(args, "single_kg", 1, folder, model, config)  # done: kept
+    assert len(no_verl["train"]) == 1 and no_verl["evaluate"] == ["huggingface"]
+    run_one(parse_args(["--eval-size", "50"]), "single_kg", 1, folder, model, config)  # trained: only evaluated
+    assert len(no_verl["train"]) == 1 and len(no_verl["evaluate"]) == 2
+
+
+def test_run_one_evaluates_the_start_model_without_training(tmp_path, no_verl):
+    model = tmp_path / "warmup-abc"
+    record = run_one(parse_args([]), START, 0, run_folder(tmp_path, START, 0), model, workload())
+    assert no_verl["train"] == [] and no_verl["evaluate"] == ["warmup-abc"] and "train" not in record
+    assert load_runs(tmp_path) == [record]
+
+
+class _FinishedChild:
+    launched: list = []
+
+    def __init__(self, cmd, **kwargs):
+        self.launched.append(cmd)
+        self.pid, self.returncode = 0, 0
+
+    def poll(self):
+        return 0
+
+
+def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
+    argv = ["--arms", "full", "single_calc", "--seeds", "0", "1", "--parallel", "3"]
+    args, model = parse_args(argv), tmp_path / "warmup-abc"
+    assert jobs(args) == [(START, 0), ("full", 0), ("single_calc", 0), ("full", 1), ("single_calc", 1)]
+    for arm, seed in (("full", 1),):
+        folder = run_folder(tmp_path, arm, seed)
+        folder.mkdir(parents=True)
+        write_run(folder, {**_record(arm, seed, dict.fromkeys(FAMILIES, 0.5)), "settings": run_settings(args, arm,
+                                                                                                        model)})
+    _FinishedChild.launched = []
+    monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
+    monkeypatch.setattr(ablation.time, "sleep", lambda s: None)
+    run_children(args, argv, tmp_path, model)
+    launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
+    assert [(a.arms, a.seeds, a.parallel) for a in launched] == [
+        ([START], [0], 1), (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
+    assert jobs(launched[0]) == [(START, 0)]  # the child evaluates the start model only
+    assert all("--child" in cmd for cmd in _FinishedChild.launched)
+
+
+def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
+    import dataclasses
+
+    from bench.ablation import warmup_key
+
+    config, base = workload(), tmp_path / "tiny-qwen2-abc"
+    assert warmup_key(base, config) == warmup_key(base, workload())
+    assert warmup_key(tmp_path / "tiny-qwen2-def", config) != warmup_key(base, config)
+    fewer = workload()
+    fewer.tasks[1] = dataclasses.replace(fewer.tasks[1], demonstrations=10)
+    assert warmup_key(base, fewer) != warmup_key(base, config)
+    shorter = workload()
+    shorter.warmup = dataclasses.replace(shorter.warmup, max_steps=10)
+    assert warmup_key(base, shorter) != warmup_key(base, config)
+
+
+def test_a_child_runs_its_one_job_and_the_parent_reports(tmp_path, no_verl, capsys):
+    model = tmp_path / "warmup-abc"
+    common = ["--out", str(tmp_path / "out"), "--model", str(model), "--eval-size", "8"]
+    assert ablation.main(["--arms", START, "--seeds", "0", "--parallel", "1", "--child", *common]) == 0
+    assert no_verl == {"train": [], "evaluate": ["warmup-abc"]}
+    assert ablation.main(["--arms", "full", "--seeds", "0", "1", *common]) == 0  # in-process, the start kept
+    assert [arm for arm, *_ in no_verl["train"]] == ["full", "full"] and len(no_verl["evaluate"]) == 3
+    assert capsys.readouterr().out.splitlines()[-1] == "start=0.500 start_se=0.000 full=0.500 full_se=0.000"
+    assert (tmp_path / "out" / "summary.md").exists() and (tmp_path / "out" / "summary.json").exists()
+    assert ablation.main(["--report", "--out", str(tmp_path / "out")]) == 0  # runs nothing
+    assert len(no_verl["evaluate"]) == 3
