@@ -1,7 +1,9 @@
 """``chatter``: a multi-turn test task that any model can play, so episodes of a random tiny model last several turns.
 
 Every assistant message gets a short user reply; the episode completes after ``rounds`` messages with reward = the
-share of assistant messages of even length (rewards vary within a group, so GRPO really updates the actor).
+share of assistant messages whose length has the parity of the index (sampled messages vary in length, so rewards
+vary within a group and GRPO really updates the actor; the index makes them vary across a batch even where greedy
+decoding gives every prompt the same reply, so a batch-level baseline does too).
 Loaded by the env worker as ``chatter_task:ChatterTask`` (its folder on ``PYTHONPATH``).
 """
 
@@ -28,7 +30,7 @@ class ChatterSession(Session):
         if self.latency is not None:
             await asyncio.sleep(self.latency())
         self.seen += 1
-        self.even += len(str(message.get("content") or "")) % 2 == 0
+        self.even += (len(str(message.get("content") or "")) + int(self.index)) % 2 == 0
         if self.seen >= self.rounds:
             return StepResult(status=SampleStatus.COMPLETED, reward=self.even / self.rounds)
         return StepResult(messages=[{"role": "user", "content": "Go on."}])
