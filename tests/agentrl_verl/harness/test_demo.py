@@ -349,6 +349,30 @@ def test_rl_raises_held_out_success_on_the_learnable_task(demo_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(DEMO_HANG_GUARD_S)
+def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path):
+    """The multi-task settings, shrunk to plumbing size (a few demonstrations, 10 warm-up steps, 4 held-out indices
+    per family, greedy only, 2 RL steps): every family's worker, demonstrations, warm-up, evaluation and RL episodes
+    at the preset's lengths run through to the summary. Whether RL raises success is measured by the full run
+    (README, "Several families"), which takes too long for the suite. Expected runtime: 7.7 minutes on the 2-core
+    machine at load average 23-31 (most of it Ray's and verl's start-up under that load)."""
+    out = tmp_path / "demo"
+    small = [f"tasks.{i}.{key}={value}" for i in range(4) for key, value in (("demonstrations", 16), ("held_out", 4))]
+    log = _run_demo(out, "--config", str(MULTITASK), "--set", "warmup.max_steps=10", "--set", "warmup.eval_every=10",
+                    "--set", "eval.warmup_indices=4", "--set", "eval.sampled=false", "--set", "rl.steps=2",
+                    *(arg for setting in small for arg in ("--set", setting)))
+    summary = json.loads((out / "summary.json").read_text())
+    families = ["calc", "kg", "webshop", "alfworld"]
+    assert summary["status"] == "finished" and list(summary["tasks"]) == families
+    assert all(row["held_out"] == 4 and "success_after" in row["greedy"] for row in summary["tasks"].values())
+    assert summary["warmup"]["demonstrations"] == 4 * 16 and summary["warmup"]["steps"] == 10
+    assert [int(m) for m in re.findall(r"RL step (\d+)/2", log)] == [1, 2]
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert {(r["phase"], r["task"]) for r in rows} == {(p, t) for p in ("before_rl", "after_rl") for t in families}
+    assert _leftovers(str(out)) == []
+
+
+@pytest.mark.slow
 def test_ctrl_c_during_rl_stops_everything(tmp_path):
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--output-dir", str(out),
