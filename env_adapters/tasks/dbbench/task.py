@@ -63,6 +63,9 @@ from env_adapters.tasks.dbbench.items import (
 )
 from env_adapters.tasks.dbbench.scoring import answers_match, expected_hash
 
+EXIT_SEEN_POLLS = 100
+"""Checks, 50 ms apart, for the exit of a server that refuses connections before it counts as alive."""
+
 logger = logging.getLogger(__name__)
 
 TOOLS = [
@@ -257,8 +260,16 @@ class DBBenchTask(Task):
         from env_adapters.sandbox.mariadb import MariaDBError
 
         server = self.server
-        if server is None or server.running:
-            return server is not None
+        if server is None:
+            return False
+        # Unreachable while our process still looks alive: it was killed a moment ago and its exit has not been
+        # seen yet (the kernel's tear-down and the watcher's reaping take a while on a loaded machine).
+        for _ in range(EXIT_SEEN_POLLS):
+            if not server.running:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            return True
         logger.warning("db task: the MariaDB server died; restarting it on port %s", server.port)
         self.server_starts += 1
         try:

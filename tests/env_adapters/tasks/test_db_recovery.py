@@ -95,3 +95,31 @@ async def test_external_server_down_makes_the_task_unhealthy_until_it_answers(ma
             assert await asyncio.wait_for(external.healthy(), HANG_GUARD)
         finally:
             await external.teardown()
+
+
+class DyingServer:
+    """A server killed a moment ago: it looks alive for ``polls`` more checks (its exit not yet reaped), then dead."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.relaunched, self.port, self.pid = polls, 0, 1, 1
+
+    @property
+    def running(self) -> bool:
+        self.polls -= 1
+        return self.polls >= 0 and not self.relaunched
+
+    def relaunch(self) -> None:
+        self.relaunched += 1
+
+    def wait_ready(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("polls", [0, 3])
+async def test_a_killed_server_whose_exit_is_not_seen_yet_is_restarted(polls):
+    # A session meeting a refused connection before the server's exit is reaped must not take the server for alive
+    # (the second try would be refused too and the session would fail instead of waiting for the restart).
+    task = get_task_class("db")(backend="sqlite")
+    task.server = DyingServer(polls)
+    assert await task._restart_server() is True
+    assert task.server.relaunched == 1 and task.server_starts == 1
