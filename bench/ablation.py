@@ -61,7 +61,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench.async_vs_sync import mean_and_se
+from bench.async_vs_sync import mean_and_se, saved_record
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
@@ -212,21 +212,6 @@ def run_settings(args: argparse.Namespace, arm: str, model: Path) -> dict[str, A
             "model": model.name}
 
 
-def saved_run(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``run.json`` of a run's folder (None without one).
-
-    Raises:
-        ValueError: it was made with other settings (resuming would mix two experiments).
-    """
-    path = folder / "run.json"
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())
-    if record.get("settings") != settings:
-        raise ValueError(f"{path} was made with settings {record.get('settings')}, not {settings}: use another --out")
-    return record
-
-
 def run_done(record: dict[str, Any] | None, eval_size: int) -> bool:
     """Whether a saved run needs nothing more: evaluated on ``eval_size`` episodes of every family."""
     return record is not None and record.get("eval_size") == eval_size and set(record.get("held_out", {})) == set(
@@ -302,7 +287,7 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     """One run, resumed from ``folder``: trained (unless :data:`START`, or trained before and its model is still
     there), then evaluated; ``run.json`` is written after each. Returns its record."""
     settings = run_settings(args, arm, model)
-    saved = saved_run(folder, settings)
+    saved = saved_record(folder / "run.json", settings)
     if run_done(saved, args.eval_size):
         logger.info("%s seed %d: done before, kept", arm, seed)
         return saved
@@ -377,8 +362,8 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
     """
     pending = [(arm, seed) for arm, seed in jobs(args)
-               if not run_done(saved_run(run_folder(workdir, arm, seed), run_settings(args, arm, model)),
-                               args.eval_size)]
+               if not run_done(saved_record(run_folder(workdir, arm, seed) / "run.json",
+                                            run_settings(args, arm, model)), args.eval_size)]
     running: dict[tuple[str, int], subprocess.Popen] = {}
     failed = []
     try:

@@ -413,19 +413,18 @@ def pair_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             "arms_at_once": args.arms_at_once, "pin": args.pin, "model": model.name}
 
 
-def saved_pair(workdir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``pair.json`` of a seed's folder (None without one).
+def saved_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's record (``pair.json`` here, ``run.json`` of ``bench.ablation``; None without one).
 
     Raises:
         ValueError: it was made with other settings (resuming would mix two experiments).
     """
-    path = workdir / "pair.json"
     if not path.exists():
         return None
-    pair = json.loads(path.read_text())
-    if pair.get("settings") != settings:
-        raise ValueError(f"{path} was made with settings {pair.get('settings')}, not {settings}: use another --out")
-    return pair
+    record = json.loads(path.read_text())
+    if record.get("settings") != settings:
+        raise ValueError(f"{path} was made with settings {record.get('settings')}, not {settings}: use another --out")
+    return record
 
 
 def pair_done(pair: dict[str, Any] | None, eval_size: int) -> bool:
@@ -483,7 +482,7 @@ def run_pair(args: argparse.Namespace, seed: int, workdir: Path, model: Path) ->
     models are still there is only evaluated, any other is trained. ``pair.json`` is written after the training and
     again after the held-out evaluation of both final models; returns its :func:`pair_record`."""
     settings = pair_settings(args, model)
-    saved = saved_pair(workdir, settings)
+    saved = saved_record(workdir / "pair.json", settings)
     if pair_done(saved, args.eval_size):
         logger.info("seed %d: done before, kept (%s)", seed, workdir / "pair.json")
         return saved
@@ -663,7 +662,7 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
     """
     settings = pair_settings(args, model)
     pending = [seed for seed in args.seeds
-               if not pair_done(saved_pair(workdir / f"seed_{seed}", settings), args.eval_size)]
+               if not pair_done(saved_record(workdir / f"seed_{seed}" / "pair.json", settings), args.eval_size)]
     if len(pending) < len(args.seeds):
         logger.info("seeds %s: done before, kept", sorted(set(args.seeds) - set(pending)))
     running: dict[int, subprocess.Popen] = {}

@@ -24,13 +24,13 @@ from bench.ablation import (
     run_folder,
     run_one,
     run_settings,
-    saved_run,
     size_overrides,
     summary_markdown,
     train_summary,
     workload,
     write_run,
 )
+from bench.async_vs_sync import saved_record
 
 
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
@@ -153,11 +153,11 @@ def test_run_done_needs_every_family_at_the_eval_size(tmp_path):
 def test_saved_run_refuses_other_settings(tmp_path):
     args, model = parse_args([]), tmp_path / "warmup-abc"
     settings = run_settings(args, "full", model)
-    assert saved_run(tmp_path, settings) is None
+    assert saved_record(tmp_path / "run.json", settings) is None
     write_run(tmp_path, {"arm": "full", "seed": 0, "settings": settings})
-    assert saved_run(tmp_path, settings)["arm"] == "full"
+    assert saved_record(tmp_path / "run.json", settings)["arm"] == "full"
     with pytest.raises(ValueError, match="use another --out"):
-        saved_run(tmp_path, run_settings(parse_args(["--steps", "3"]), "full", model))
+        saved_record(tmp_path / "run.json", run_settings(parse_args(["--steps", "3"]), "full", model))
     assert run_settings(args, START, model)["steps"] == 0  # the start model does not train
 
 

@@ -23,7 +23,7 @@ from bench.async_vs_sync import (
     parse_args,
     run_children,
     run_pair,
-    saved_pair,
+    saved_record,
     start_held_out,
     summarise,
     summary_markdown,
@@ -235,7 +235,7 @@ def test_a_pair_of_other_settings_is_not_resumed(tmp_path, no_verl):
     with pytest.raises(ValueError, match="other settings|not"):
         run_pair(_args("--max-staleness", "1"), 4, tmp_path, model)
     with pytest.raises(ValueError):
-        saved_pair(tmp_path, pair_settings(_args(), tmp_path / "another-model"))
+        saved_record(tmp_path / "pair.json", pair_settings(_args(), tmp_path / "another-model"))
     assert no_verl["train"] == 0
 
 
