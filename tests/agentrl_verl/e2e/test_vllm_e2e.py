@@ -3,7 +3,7 @@
 ``main_ppo`` runs under the vLLM environment's interpreter (``bash scripts/setup.sh --vllm`` makes
 ``.venv-vllm``; ``AGENTRL_VLLM_PYTHON`` names another); the environment stack and the test itself run here. Every
 run must leave nothing behind: no process of its own, no shared-memory segment (vLLM's ``psm_*``, verl's
-``verl_weights_*`` buckets), without the test's help.
+``verl_weights_*`` buckets), no named semaphore (``sem.mp-*``, vLLM's worker locks), without the test's help.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOU
 
 K = 2  # cross-policy: the stale pool is refreshed every K steps
 EXIT_WAIT_S = 60  # the driver stops the run's processes at its exit; the last of them may take a while to go
+# Whatever a run may leave, the semaphores of any name: one the run failed to name after itself counts too.
+LEFTOVERS = (*vllm_cpu.LEFTOVER_PREFIXES, vllm_cpu.SEMAPHORE_PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def run_vllm(run_main_ppo, vllm_python):
         """One ``main_ppo`` run on vLLM; asserts it left no process and no segment; returns its log and per-step
         metrics."""
         run_id = uuid.uuid4().hex
-        before = vllm_cpu.shm_segments()
+        before = vllm_cpu.shm_segments(LEFTOVERS)
         # Every process of the run inherits the run's id (the driver takes it from here). The plugin by name as well:
         # a checkout on PYTHONPATH may be newer than the one installed in .venv-vllm.
         env = {vllm_cpu.RUN_ID_ENV: run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin"}
@@ -52,8 +54,9 @@ def run_vllm(run_main_ppo, vllm_python):
             time.sleep(1)
         assert vllm_cpu.run_processes(run_id) == [], f"{name}: processes left behind"
         # Nothing of the run is left in shared memory, and the test removes nothing: neither vLLM's message queues
-        # (its processes are killed; the driver removes their segments at its exit) nor verl's weight buckets.
-        assert vllm_cpu.leftover_segments(before) == set(), f"{name}: segments left behind"
+        # and worker locks (its processes are killed; the driver removes what they left at its exit) nor verl's
+        # weight buckets.
+        assert vllm_cpu.leftover_segments(before, LEFTOVERS) == set(), f"{name}: segments left behind"
         return log, steps
 
     return run

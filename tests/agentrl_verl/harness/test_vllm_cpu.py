@@ -7,13 +7,16 @@ The facts about vLLM come from ``vllm_cpu_facts.py`` run by the vLLM environment
 
 from __future__ import annotations
 
+import _multiprocessing
 import asyncio
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import types
 import uuid
+from multiprocessing import synchronize
 from pathlib import Path
 from typing import Any
 
@@ -194,25 +197,63 @@ async def test_server_pause_closes_the_gate_and_waits_for_running_requests():
     assert vllm_cpu.add_pause_generation(module) is False
 
 
-def test_leftover_segments_are_removed_only_when_new_and_unmapped():
+def leak_semaphore() -> str:
+    """A named semaphore of this process's name (multiprocessing's) as a killed process leaves it: closed (unmapped)
+    and never unlinked."""
+    name = synchronize.SemLock._make_name()
+    _multiprocessing.SemLock(1, 1, 1, name, False)  # semaphore kind, value 1, closed when collected (at once)
+    return f"sem.{name[1:]}"
+
+
+@pytest.fixture
+def semprefix(monkeypatch) -> None:
+    """multiprocessing's semaphore names as they were before the test (which may change them)."""
+    process = multiprocessing.current_process()
+    monkeypatch.setattr(process, "_config", dict(process._config))
+
+
+def test_a_runs_processes_and_their_children_name_their_semaphores_after_the_run(monkeypatch, semprefix):
+    run_id = uuid.uuid4().hex
+    monkeypatch.setenv(vllm_cpu.RUN_ID_ENV, run_id)
+    vllm_cpu.register()  # as verl does in every process of a run
+    semaphores = vllm_cpu.run_prefixes(run_id)[-1]
+    lock = multiprocessing.get_context("spawn").Lock()
+    assert f"sem.{lock._semlock.name[1:]}" in vllm_cpu.shm_segments((semaphores,))
+    # A process the run's process spawns (as verl's server spawns vLLM's engine process) names its own alike.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert f"sem.{pool.apply(synchronize.SemLock._make_name)[1:]}".startswith(semaphores)
+
+
+def test_leftovers_are_removed_only_when_new_unmapped_and_for_semaphores_the_runs(semprefix):
     from multiprocessing import resource_tracker, shared_memory
 
+    run_id = uuid.uuid4().hex
     old = shared_memory.SharedMemory(create=True, size=64)  # psm_*: there before the run
     existing = vllm_cpu.shm_segments()
     live = shared_memory.SharedMemory(create=True, size=64)  # new, still mapped here
     leaked = shared_memory.SharedMemory(create=True, size=64)  # new, mapped by nobody (its owner was killed)
     leaked.close()
     resource_tracker.unregister(leaked._name, "shared_memory")  # the test removes it, not the tracker
+    others = [leak_semaphore()]  # another program's, left during the run
+    vllm_cpu.name_semaphores_after_run(uuid.uuid4().hex)
+    others.append(leak_semaphore())  # another run's
+    vllm_cpu.name_semaphores_after_run(run_id)
+    ours = leak_semaphore()  # the run's, its process and resource tracker killed
+    live_lock = multiprocessing.get_context("spawn").Lock()  # the run's, mapped only under its creation name
     try:
         old.close()  # unmapped, but older than the run: not ours to remove
-        assert vllm_cpu.leftover_segments(existing) == {leaked.name}
-        assert vllm_cpu.remove_leftover_segments(existing) == [leaked.name]
-        assert {old.name, live.name} <= vllm_cpu.shm_segments()
-        assert leaked.name not in vllm_cpu.shm_segments()
+        prefixes = vllm_cpu.run_prefixes(run_id)
+        assert vllm_cpu.leftover_segments(existing, prefixes) == {leaked.name, ours}
+        assert vllm_cpu.remove_leftover_segments(existing, prefixes) == sorted([leaked.name, ours])
+        left = vllm_cpu.shm_segments((*vllm_cpu.LEFTOVER_PREFIXES, vllm_cpu.SEMAPHORE_PREFIX))
+        assert {old.name, live.name, f"sem.{live_lock._semlock.name[1:]}", *others} <= left
+        assert not {leaked.name, ours} & left
     finally:
         for segment in (old, live):
             segment.close()
             segment.unlink()
+        for name in others:
+            os.unlink(os.path.join(vllm_cpu.SHM_DIR, name))
 
 
 def test_the_driver_is_recognised_while_verl_loads_its_plugins(tmp_path):
