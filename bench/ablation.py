@@ -61,7 +61,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench.async_vs_sync import mean_and_se, saved_record
+from bench.async_vs_sync import cpu_affinity, cpu_list, cpu_shares, mean_and_se, saved_record
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
@@ -114,6 +114,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-size", type=int, default=HELD_OUT,
                         help=f"held-out episodes per family of each model, sampled (at most {HELD_OUT})")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in its own process")
+    parser.add_argument("--pin", action="store_true",
+                        help="give each of the --parallel runs an equal share of the CPUs this process may use (CPU "
+                             "affinity, which its environment stack and Ray workers inherit): no run waits for "
+                             "another's cores")
     parser.add_argument("--model", default=None,
                         help="start model used as is (default: the cached warm-up on the three families)")
     parser.add_argument("--base", default=None,
@@ -129,6 +133,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
     if args.report and not args.out:
         parser.error("--report summarises the runs under --out: name it")
+    if args.pin and not hasattr(os, "sched_setaffinity"):
+        parser.error("--pin needs CPU affinity (Linux)")
     return args
 
 
@@ -356,7 +362,8 @@ def run_folder(workdir: Path, arm: str, seed: int) -> Path:
 def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path) -> None:
     """Run every job not done yet under ``workdir`` in its own process, ``--parallel`` at once. A child gets this
     command line with its own ``--arms``, ``--seeds``, ``--out`` and ``--model`` (the last occurrence of an option
-    wins) and ``--parallel 1``.
+    wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs (:func:`cpu_shares`), handed to the next run when
+    it ends.
 
     Raises:
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
@@ -365,22 +372,28 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                if not run_done(saved_record(run_folder(workdir, arm, seed) / "run.json",
                                             run_settings(args, arm, model)), args.eval_size)]
     running: dict[tuple[str, int], subprocess.Popen] = {}
+    free = cpu_shares(os.sched_getaffinity(0), args.parallel) if args.pin else []
+    shares: dict[tuple[str, int], set[int]] = {}
     failed = []
     try:
         while pending or running:
             while pending and len(running) < args.parallel:
-                arm, seed = pending.pop(0)
+                arm, seed = key = pending.pop(0)
                 folder = run_folder(workdir, arm, seed)
                 folder.mkdir(parents=True, exist_ok=True)
                 cmd = [sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds", str(seed),
                        "--out", str(workdir), "--model", str(model), "--parallel", "1", "--child"]
-                with open(folder / "bench.log", "a") as log:
-                    running[arm, seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                          start_new_session=True)
-                logger.info("%s seed %d: started (log %s)", arm, seed, folder / "bench.log")
+                if free:
+                    shares[key] = free.pop(0)
+                with open(folder / "bench.log", "a") as log, cpu_affinity(shares.get(key)):
+                    running[key] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                logger.info("%s seed %d: started (log %s)%s", arm, seed, folder / "bench.log",
+                            f" on CPUs {cpu_list(shares[key])}" if key in shares else "")
             for key, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[key]
+                    if key in shares:
+                        free.append(shares.pop(key))
                     outcome = "done" if proc.returncode == 0 else f"failed ({proc.returncode})"
                     logger.info("%s seed %d: %s", *key, outcome)
                     if proc.returncode != 0:

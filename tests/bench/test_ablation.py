@@ -2,6 +2,7 @@
 resumes a bench that was cut off, the statistics over seeds and the report."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from bench.ablation import (
     workload,
     write_run,
 )
-from bench.async_vs_sync import saved_record
+from bench.async_vs_sync import cpu_shares, saved_record
 
 
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
@@ -250,6 +251,29 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
         ([START], [0], 1), (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
     assert jobs(launched[0]) == [(START, 0)]  # the child evaluates the start model only
     assert all("--child" in cmd for cmd in _FinishedChild.launched)
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda pid: [])(0)) < 2,
+                    reason="CPU affinity with two CPUs or more")
+def test_run_children_pinned_starts_each_run_on_its_own_cpus(tmp_path, monkeypatch):
+    argv = ["--arms", "full", "--seeds", "0", "1", "--parallel", "2", "--pin"]
+    args, model = parse_args(argv), tmp_path / "warmup-abc"
+    affinity = {}
+
+    class Child(_FinishedChild):
+        def __init__(self, cmd, **kwargs):
+            child = parse_args([a for a in cmd[3:] if a != "--child"])
+            affinity[child.arms[0], child.seeds[0]] = os.sched_getaffinity(0)  # what the child inherits
+            super().__init__(cmd, **kwargs)
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    monkeypatch.setattr(ablation.time, "sleep", lambda s: None)
+    run_children(args, argv, tmp_path, model)
+    first, second = cpu_shares(before, 2)
+    # The start model's evaluation and full seed 0 start together; seed 1 takes the share the first one gave back.
+    assert affinity == {(START, 0): first, ("full", 0): second, ("full", 1): first}
+    assert os.sched_getaffinity(0) == before
 
 
 def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
