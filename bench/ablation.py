@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl_verl.core.cross_policy import SHARE_BINS
 from agentrl_verl.harness.demo import (
     DemoConfig,
     RLSpec,
@@ -242,10 +243,30 @@ def size_overrides(batch: int | None, n: int | None) -> list[str]:
     return out
 
 
+STALE_SHARES = ("0", *(f"{low:g}-{high:g}" for low, high in zip((0.0, *SHARE_BINS[:-1]), SHARE_BINS, strict=True)))
+"""The bins of a trajectory's share of stale turns in the cross-policy metrics: a share of 0, then up to each of
+``SHARE_BINS``."""
+
+
 def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) -> dict[str, Any]:
     """A run's training from verl's per-step metrics (``metrics.jsonl`` rows): training time (the last step's
-    checkpoint save left out), trajectories, and per family its trajectories and per-step reward and success."""
+    checkpoint save left out), trajectories, per family its trajectories and per-step reward and success, the mean
+    clip fraction and KL of the actor's updates (``off_policy``), and with cross-policy sampling (``cross_policy``,
+    else None) the mean share of trajectories with stale turns, of stale turns and the stale weights' lag, and per
+    bin of the stale share (:data:`STALE_SHARES`) the trajectories and their success."""
     steps = [row["data"] for row in sorted(history, key=lambda row: row["step"])]
+
+    def mean(name: str) -> float | None:
+        values = [float(m[name]) for m in steps if name in m]
+        return round(sum(values) / len(values), 5) if values else None
+
+    shares = {}
+    for label in STALE_SHARES:
+        counts = [(float(m[f"cross_policy/trajectories/stale_share_{label}"]),
+                   float(m[f"cross_policy/success_rate/stale_share_{label}"]))
+                  for m in steps if f"cross_policy/trajectories/stale_share_{label}" in m]
+        n = sum(c for c, _ in counts)
+        shares[label] = {"trajectories": n, "success": round(sum(c * s for c, s in counts) / n, 3) if n else None}
     per_family = {}
     for family in families:
         def series(name: str, family: str = family) -> list[float | None]:
@@ -261,6 +282,11 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
         "train_s": sum(float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps),
         "trajectories": sum(float(m.get("agentrl/all/episodes", 0.0)) for m in steps),
         "families": per_family,
+        "off_policy": {"clip_fraction": mean("actor/pg_clipfrac"), "kl": mean("actor/ppo_kl")},
+        "cross_policy": None if mean("cross_policy/mixed_trajectory_share") is None else {
+            "mixed_share": mean("cross_policy/mixed_trajectory_share"),
+            "stale_turns": mean("cross_policy/turn_share/stale"), "stale_lag": mean("cross_policy/stale_version_lag"),
+            "by_stale_share": shares},
     }
 
 
@@ -512,12 +538,40 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
     lines += ["", "## The families", "", *family_table(records), "",
               "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
               "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
-    for r in sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"])):
+    trained = sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"]))
+    for r in trained:
         t = r["train"]
         per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in FAMILIES)
         lines.append(f"| {r['arm']} | {r['seed']} | {t['steps']} | {t['trajectories']:.0f} | {per} "
                      f"| {t['train_s']:.0f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *cross_policy_table(trained)]) + "\n"
+
+
+def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
+    """Cross-policy sampling and the updates' off-policyness (Markdown): per trained run, the mean clip fraction and
+    KL of its updates and, with cross-policy sampling, the share of trajectories with stale turns, of stale turns and
+    the stale weights' lag (steps), and training success (trajectories) per bin of a trajectory's stale share."""
+    lines = ["## Cross-policy sampling", "",
+             "Per training step, means over the run; training success (trajectories) by the share of a trajectory's "
+             "turns that the stale weights generated.", "",
+             "| arm | seed | clip fraction | KL | with stale turns | stale turns | stale lag | "
+             + " | ".join(f"stale share {label}" for label in STALE_SHARES) + " |",
+             "| --- | --- |" + " --- |" * (5 + len(STALE_SHARES))]
+
+    def number(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for r in trained:
+        off, cross = r["train"].get("off_policy", {}), r["train"].get("cross_policy")
+        cells = [number(off.get("clip_fraction"), 4), number(off.get("kl"), 4)]
+        if cross is None:
+            cells += ["-"] * (3 + len(STALE_SHARES))
+        else:
+            cells += [number(cross["mixed_share"], 2), number(cross["stale_turns"], 2), number(cross["stale_lag"], 1)]
+            cells += ["-" if not b["trajectories"] else f"{b['success']:.2f} ({b['trajectories']:.0f})"
+                      for b in (cross["by_stale_share"][label] for label in STALE_SHARES)]
+        lines.append(f"| {r['arm']} | {r['seed']} | {' | '.join(cells)} |")
+    return lines
 
 
 def plot(stats: dict[str, dict[str, Any]], path: Path) -> None:
