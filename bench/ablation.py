@@ -16,14 +16,15 @@ After training, each run's final model plays the first ``--eval-size`` held-out 
 demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model is
 evaluated once the same way. ``--seeds`` repeats every arm (the seed sets the data order and which prompts are
 drawn). ``summary.md`` holds the paper's table (rows arms, columns families and their mean, each cell held-out
-success +- its standard error over seeds), what differs between the families, and each arm's training; with
-``summary.json`` and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
+success +- its standard error over seeds), what differs between the families, each arm's training, and cross-policy
+sampling (trajectories with stale turns and their success, the updates' clip fraction and KL); with ``summary.json``
+and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
 families and its standard error over seeds.
 
 Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after its training and again after its
 evaluation, so the same command resumes a bench that was cut off: evaluated runs are kept, trained runs whose model
 is still there are only evaluated, the others run again. ``--parallel P`` runs P of them at once, each in its own
-process; ``--report`` only re-summarises what ``--out`` holds.
+process (``--pin``: on its own share of the CPUs); ``--report`` only re-summarises what ``--out`` holds.
 """
 
 from __future__ import annotations
