@@ -16,14 +16,15 @@ After training, each run's final model plays the first ``--eval-size`` held-out 
 demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model is
 evaluated once the same way. ``--seeds`` repeats every arm (the seed sets the data order and which prompts are
 drawn). ``summary.md`` holds the paper's table (rows arms, columns families and their mean, each cell held-out
-success +- its standard error over seeds), what differs between the families, and each arm's training; with
-``summary.json`` and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
+success +- its standard error over seeds), what differs between the families, each arm's training, and cross-policy
+sampling (trajectories with stale turns and their success, the updates' clip fraction and KL); with ``summary.json``
+and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
 families and its standard error over seeds.
 
 Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after its training and again after its
 evaluation, so the same command resumes a bench that was cut off: evaluated runs are kept, trained runs whose model
 is still there are only evaluated, the others run again. ``--parallel P`` runs P of them at once, each in its own
-process; ``--report`` only re-summarises what ``--out`` holds.
+process (``--pin``: on its own share of the CPUs); ``--report`` only re-summarises what ``--out`` holds.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl_verl.core.cross_policy import SHARE_BINS
 from agentrl_verl.harness.demo import (
     DemoConfig,
     RLSpec,
@@ -61,7 +63,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench.async_vs_sync import mean_and_se, saved_record
+from bench.async_vs_sync import cpu_affinity, cpu_list, cpu_shares, mean_and_se, saved_record
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
@@ -114,6 +116,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-size", type=int, default=HELD_OUT,
                         help=f"held-out episodes per family of each model, sampled (at most {HELD_OUT})")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in its own process")
+    parser.add_argument("--pin", action="store_true",
+                        help="give each of the --parallel runs an equal share of the CPUs this process may use (CPU "
+                             "affinity, which its environment stack and Ray workers inherit): no run waits for "
+                             "another's cores")
     parser.add_argument("--model", default=None,
                         help="start model used as is (default: the cached warm-up on the three families)")
     parser.add_argument("--base", default=None,
@@ -129,6 +135,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
     if args.report and not args.out:
         parser.error("--report summarises the runs under --out: name it")
+    if args.pin and not hasattr(os, "sched_setaffinity"):
+        parser.error("--pin needs CPU affinity (Linux)")
     return args
 
 
@@ -236,10 +244,30 @@ def size_overrides(batch: int | None, n: int | None) -> list[str]:
     return out
 
 
+STALE_SHARES = ("0", *(f"{low:g}-{high:g}" for low, high in zip((0.0, *SHARE_BINS[:-1]), SHARE_BINS, strict=True)))
+"""The bins of a trajectory's share of stale turns in the cross-policy metrics: a share of 0, then up to each of
+``SHARE_BINS``."""
+
+
 def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) -> dict[str, Any]:
     """A run's training from verl's per-step metrics (``metrics.jsonl`` rows): training time (the last step's
-    checkpoint save left out), trajectories, and per family its trajectories and per-step reward and success."""
+    checkpoint save left out), trajectories, per family its trajectories and per-step reward and success, the mean
+    clip fraction and KL of the actor's updates (``off_policy``), and with cross-policy sampling (``cross_policy``,
+    else None) the mean share of trajectories with stale turns, of stale turns and the stale weights' lag, and per
+    bin of the stale share (:data:`STALE_SHARES`) the trajectories and their success."""
     steps = [row["data"] for row in sorted(history, key=lambda row: row["step"])]
+
+    def mean(name: str) -> float | None:
+        values = [float(m[name]) for m in steps if name in m]
+        return round(sum(values) / len(values), 5) if values else None
+
+    shares = {}
+    for label in STALE_SHARES:
+        counts = [(float(m[f"cross_policy/trajectories/stale_share_{label}"]),
+                   float(m[f"cross_policy/success_rate/stale_share_{label}"]))
+                  for m in steps if f"cross_policy/trajectories/stale_share_{label}" in m]
+        n = sum(c for c, _ in counts)
+        shares[label] = {"trajectories": n, "success": round(sum(c * s for c, s in counts) / n, 3) if n else None}
     per_family = {}
     for family in families:
         def series(name: str, family: str = family) -> list[float | None]:
@@ -255,6 +283,11 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
         "train_s": sum(float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps),
         "trajectories": sum(float(m.get("agentrl/all/episodes", 0.0)) for m in steps),
         "families": per_family,
+        "off_policy": {"clip_fraction": mean("actor/pg_clipfrac"), "kl": mean("actor/ppo_kl")},
+        "cross_policy": None if mean("cross_policy/mixed_trajectory_share") is None else {
+            "mixed_share": mean("cross_policy/mixed_trajectory_share"),
+            "stale_turns": mean("cross_policy/turn_share/stale"), "stale_lag": mean("cross_policy/stale_version_lag"),
+            "by_stale_share": shares},
     }
 
 
@@ -356,7 +389,8 @@ def run_folder(workdir: Path, arm: str, seed: int) -> Path:
 def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path) -> None:
     """Run every job not done yet under ``workdir`` in its own process, ``--parallel`` at once. A child gets this
     command line with its own ``--arms``, ``--seeds``, ``--out`` and ``--model`` (the last occurrence of an option
-    wins) and ``--parallel 1``.
+    wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs (:func:`cpu_shares`), handed to the next run when
+    it ends.
 
     Raises:
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
@@ -365,22 +399,28 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                if not run_done(saved_record(run_folder(workdir, arm, seed) / "run.json",
                                             run_settings(args, arm, model)), args.eval_size)]
     running: dict[tuple[str, int], subprocess.Popen] = {}
+    free = cpu_shares(os.sched_getaffinity(0), args.parallel) if args.pin else []
+    shares: dict[tuple[str, int], set[int]] = {}
     failed = []
     try:
         while pending or running:
             while pending and len(running) < args.parallel:
-                arm, seed = pending.pop(0)
+                arm, seed = key = pending.pop(0)
                 folder = run_folder(workdir, arm, seed)
                 folder.mkdir(parents=True, exist_ok=True)
                 cmd = [sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds", str(seed),
                        "--out", str(workdir), "--model", str(model), "--parallel", "1", "--child"]
-                with open(folder / "bench.log", "a") as log:
-                    running[arm, seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                          start_new_session=True)
-                logger.info("%s seed %d: started (log %s)", arm, seed, folder / "bench.log")
+                if free:
+                    shares[key] = free.pop(0)
+                with open(folder / "bench.log", "a") as log, cpu_affinity(shares.get(key)):
+                    running[key] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                logger.info("%s seed %d: started (log %s)%s", arm, seed, folder / "bench.log",
+                            f" on CPUs {cpu_list(shares[key])}" if key in shares else "")
             for key, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[key]
+                    if key in shares:
+                        free.append(shares.pop(key))
                     outcome = "done" if proc.returncode == 0 else f"failed ({proc.returncode})"
                     logger.info("%s seed %d: %s", *key, outcome)
                     if proc.returncode != 0:
@@ -499,12 +539,40 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
     lines += ["", "## The families", "", *family_table(records), "",
               "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
               "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
-    for r in sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"])):
+    trained = sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"]))
+    for r in trained:
         t = r["train"]
         per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in FAMILIES)
         lines.append(f"| {r['arm']} | {r['seed']} | {t['steps']} | {t['trajectories']:.0f} | {per} "
                      f"| {t['train_s']:.0f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *cross_policy_table(trained)]) + "\n"
+
+
+def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
+    """Cross-policy sampling and the updates' off-policyness (Markdown): per trained run, the mean clip fraction and
+    KL of its updates and, with cross-policy sampling, the share of trajectories with stale turns, of stale turns and
+    the stale weights' lag (steps), and training success (trajectories) per bin of a trajectory's stale share."""
+    lines = ["## Cross-policy sampling", "",
+             "Per training step, means over the run; training success (trajectories) by the share of a trajectory's "
+             "turns that the stale weights generated.", "",
+             "| arm | seed | clip fraction | KL | with stale turns | stale turns | stale lag | "
+             + " | ".join(f"stale share {label}" for label in STALE_SHARES) + " |",
+             "| --- | --- |" + " --- |" * (5 + len(STALE_SHARES))]
+
+    def number(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for r in trained:
+        off, cross = r["train"].get("off_policy", {}), r["train"].get("cross_policy")
+        cells = [number(off.get("clip_fraction"), 4), number(off.get("kl"), 4)]
+        if cross is None:
+            cells += ["-"] * (3 + len(STALE_SHARES))
+        else:
+            cells += [number(cross["mixed_share"], 2), number(cross["stale_turns"], 2), number(cross["stale_lag"], 1)]
+            cells += ["-" if not b["trajectories"] else f"{b['success']:.2f} ({b['trajectories']:.0f})"
+                      for b in (cross["by_stale_share"][label] for label in STALE_SHARES)]
+        lines.append(f"| {r['arm']} | {r['seed']} | {' | '.join(cells)} |")
+    return lines
 
 
 def plot(stats: dict[str, dict[str, Any]], path: Path) -> None:

@@ -9,8 +9,8 @@
 #                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
 #                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle).
 # Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... MODEL=... bash bench/device_ablation.sh
-#                     --parallel 19 --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds all
-#                     but the collection).
+#                     --parallel 19 --pin --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds
+#                     all but the collection; --pin: each run on 3 of the 64-core machine's CPUs).
 # Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
 # stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
 set -uo pipefail
@@ -53,7 +53,15 @@ collect() {
 }
 trap collect EXIT
 echo "cpus $(nproc --all)"
-(while uptime; do sleep 30; done > "$LOGS/load.txt") &
+# Each 30 s: the load, and the runs' records so far (a call cut off before collect() still brings back what ended).
+(while uptime; do
+   (cd "$WORK" && find . -name run.json -print0 | tar czf "$OUT/partial.tgz.tmp" --null -T - \
+      && mv "$OUT/partial.tgz.tmp" "$OUT/partial.tgz") 2>/dev/null
+   sleep 30; done > "$LOGS/load.txt") &
+# The bundle is installed without bytecode: compiled once here, not by every process of 19 runs starting at once.
+began=$SECONDS
+python3 -m compileall -q -j 0 /tmp/site "$PWD/agentrl_verl" "$PWD/env_adapters" "$PWD/bench" > /dev/null 2>&1
+echo "bytecode: $((SECONDS - began)) s"
 MODEL_ARGS=()
 if [ -n "${MODEL:-}" ]; then
   MODEL_ARGS=(--model "$MODEL")

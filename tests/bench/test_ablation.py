@@ -2,6 +2,7 @@
 resumes a bench that was cut off, the statistics over seeds and the report."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from bench import ablation
 from bench.ablation import (
     FAMILIES,
     HELD_OUT,
+    STALE_SHARES,
     START,
     arm_statistics,
     arms,
@@ -30,7 +32,7 @@ from bench.ablation import (
     workload,
     write_run,
 )
-from bench.async_vs_sync import saved_record
+from bench.async_vs_sync import cpu_shares, saved_record
 
 
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
@@ -86,6 +88,30 @@ def test_train_summary_counts_trajectories_per_family_and_leaves_out_the_final_s
     assert summary["families"]["calc"]["reward"] == [0.1, 0.2]
     assert summary["families"]["kg"]["reward"] == [None, 0.2]  # no kg episode in step 1
     assert summary["families"]["webshop"]["trajectories"] == 0
+    assert summary["cross_policy"] is None  # no cross-policy metrics: switched off
+
+
+def test_train_summary_of_cross_policy_weights_each_steps_success_by_its_trajectories():
+    from agentrl_verl.core.cross_policy import cross_policy_metrics
+
+    history = []
+    for step, (policies, successes) in enumerate([([["current"] * 2, ["current", "stale"]], [True, False]),
+                                                  ([["current"] * 2] * 3 + [["stale"] * 4], [False] * 3 + [True])],
+                                                 start=1):
+        row = _step(step, {"calc": 4.0})
+        row["data"].update({**cross_policy_metrics(policies, successes), "cross_policy/stale_version_lag": 2.0 * step,
+                            "actor/pg_clipfrac": 0.01 * step, "actor/ppo_kl": 0.001})
+        history.append(row)
+    summary = train_summary(history, FAMILIES)
+    assert set(summary["cross_policy"]["by_stale_share"]) == set(STALE_SHARES)  # every bin the metrics have
+    assert summary["cross_policy"]["by_stale_share"]["0"] == {"trajectories": 4, "success": 0.25}
+    assert summary["cross_policy"]["by_stale_share"]["0.25-0.5"] == {"trajectories": 1, "success": 0.0}
+    assert summary["cross_policy"]["by_stale_share"]["0.75-1"] == {"trajectories": 1, "success": 1.0}
+    assert summary["cross_policy"]["by_stale_share"]["0-0.25"] == {"trajectories": 0, "success": None}
+    assert summary["cross_policy"]["mixed_share"] == pytest.approx(0.25) and summary["cross_policy"]["stale_lag"] == 3
+    assert summary["off_policy"] == {"clip_fraction": pytest.approx(0.015), "kl": pytest.approx(0.001)}
+    lines = ablation.cross_policy_table([{"arm": "full", "seed": 0, "train": summary}])
+    assert "| full | 0 | 0.0150 | 0.0010 | 0.25 | 0.33 | 3.0 | 0.25 (4) | - | 0.00 (1) | - | 1.00 (1) |" in lines
 
 
 def _held_out(success: dict[str, float], episodes: int = 100) -> dict:
@@ -139,6 +165,7 @@ def test_summary_markdown_table_in_the_papers_layout_and_the_headline():
     assert "over 100 held-out episodes (binomial standard error at most 0.050" in text
     assert "| calc | 0.40 | 0.40 | 0.00 | 2.0 | 40.00 | - | 0.50 |" in text  # the families' table
     assert "| full | 1 | 1 | 64 | 21 | 21 | 21 | 10 |" in text  # the training table
+    assert "| full | 1 | - | - | - | - | - | - | - | - | - | - |" in text  # no cross-policy or actor metrics
     assert "12 steps of the preset groups" in text
     assert headline(stats) == "start=0.300 start_se=0.000 full=0.400 full_se=0.000"
 
@@ -250,6 +277,29 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
         ([START], [0], 1), (["full"], [0], 1), (["single_calc"], [0], 1), (["single_calc"], [1], 1)]
     assert jobs(launched[0]) == [(START, 0)]  # the child evaluates the start model only
     assert all("--child" in cmd for cmd in _FinishedChild.launched)
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda pid: [])(0)) < 2,
+                    reason="CPU affinity with two CPUs or more")
+def test_run_children_pinned_starts_each_run_on_its_own_cpus(tmp_path, monkeypatch):
+    argv = ["--arms", "full", "--seeds", "0", "1", "--parallel", "2", "--pin"]
+    args, model = parse_args(argv), tmp_path / "warmup-abc"
+    affinity = {}
+
+    class Child(_FinishedChild):
+        def __init__(self, cmd, **kwargs):
+            child = parse_args([a for a in cmd[3:] if a != "--child"])
+            affinity[child.arms[0], child.seeds[0]] = os.sched_getaffinity(0)  # what the child inherits
+            super().__init__(cmd, **kwargs)
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    monkeypatch.setattr(ablation.time, "sleep", lambda s: None)
+    run_children(args, argv, tmp_path, model)
+    first, second = cpu_shares(before, 2)
+    # The start model's evaluation and full seed 0 start together; seed 1 takes the share the first one gave back.
+    assert affinity == {(START, 0): first, ("full", 0): second, ("full", 1): first}
+    assert os.sched_getaffinity(0) == before
 
 
 def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
