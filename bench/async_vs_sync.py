@@ -72,7 +72,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8,
                         help="training steps of each run (the speedup grows with the steps: the first fills the "
-                             "pipeline; the README's figures use 20)")
+                             "pipeline; the README's figures use 28)")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
