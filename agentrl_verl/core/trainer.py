@@ -200,7 +200,7 @@ class AgentRLSyncTrainer(CrossPolicyTrainerMixin, TaskAwareTrainerMixin, PPOTrai
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
         # verl's buffer sleeps 2 s between looks for the finished batch: each step then waited for its generation
-        # rounded up to a multiple of 2 s, about 1 s lost per step (15% of a calc step), where the async trainer
+        # rounded up to a multiple of 2 s, about 1 s lost per step (an eighth of a calc step), where the async trainer
         # looks every poll_interval.
         buffer.poll_interval = self.agentrl.async_.poll_interval
         return buffer
