@@ -2,10 +2,9 @@
 
 Both runs are verl's real ``main_ppo`` on CPU (``cpu_tiny`` preset, the ``agentrl_agent`` loop, ``task_norm_grpo``)
 against the same environment stack, from the same cold-started model, with the same seed, data, batch and number of
-steps (so the same number of trained trajectories):
-
-- ``calc`` with a heavy-tailed environment latency per step (lognormal, capped), and
-- the real ``db`` task (DBBench on SQLite).
+steps (so the same number of trained trajectories), on ``calc`` with a heavy-tailed environment latency per step
+(lognormal, capped); ``--tasks calc db`` adds the real ``db`` task (DBBench on SQLite), which the warmed-up tiny model
+never solves: its groups carry no gradient and only slow both runs.
 
 The synchronous run is ``trainer.v1.trainer_mode=agentrl_sync``; the asynchronous one ``agentrl_async`` with
 ``agentrl.async.max_staleness=K``. Both take the PPO ratio against the log-probs of the policy that generated each
@@ -57,6 +56,8 @@ logger = logging.getLogger("bench.async_vs_sync")
 
 MODES = {"sync": "agentrl_sync", "async": "agentrl_async"}
 """The two arms: short name -> ``trainer.v1.trainer_mode``."""
+TASKS = ("calc", "db")
+"""Task families the runs may train on (``--tasks``)."""
 CORRECTIONS = {
     # PPO ratio against each token's behaviour log-prob, clipped (upstream AgentRL's behaviour).
     "bypass": ["algorithm.rollout_correction.bypass_mode=true"],
@@ -71,11 +72,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8,
                         help="training steps of each run (the speedup grows with the steps: the first fills the "
-                             "pipeline; the README's figures use 20)")
+                             "pipeline; the README's figures use 28)")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
     parser.add_argument("--stale-policy", default="wait", choices=["wait", "drop", "keep"])
+    parser.add_argument("--tasks", nargs="+", default=["calc"], choices=list(TASKS),
+                        help="task families of the training prompts, equal shares (calc gets the latency below)")
     parser.add_argument("--correction", default="bypass", choices=sorted(CORRECTIONS),
                         help="off-policy correction of both runs (see the module docstring)")
     parser.add_argument("--latency-median-s", type=float, default=0.5, help="median calc step latency")
@@ -111,23 +114,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
     if args.report and not args.out:
         parser.error("--report summarises the runs under --out: name it")
+    if len(set(args.tasks)) < len(args.tasks):
+        parser.error(f"--tasks {' '.join(args.tasks)}: each task once")
     if args.pin and not hasattr(os, "sched_setaffinity"):
         parser.error("--pin needs CPU affinity (Linux)")
     return args
 
 
 def stack_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The training environment stack of one run: a worker per task of ``--tasks``."""
     latency = {"dist": "lognormal", "median_s": args.latency_median_s, "sigma": args.latency_sigma,
                "max_s": args.latency_max_s}
+    options = {"calc": {"size": CALC_SIZE, "seed": seed, "step_latency": latency}, "db": {"backend": "sqlite"}}
     concurrency = (args.max_staleness + 2) * args.batch * args.n  # never the bottleneck of either mode
     return {
         "controller": {"port": 0},
-        "workers": [
-            {"task": "calc", "name": "calc", "concurrency": concurrency,
-             "options": {"size": CALC_SIZE, "seed": seed, "step_latency": latency}},
-            {"task": "db", "name": "db", "concurrency": concurrency, "options": {"backend": "sqlite"}},
-        ],
+        "workers": [{"task": task, "name": task, "concurrency": concurrency, "options": options[task]}
+                    for task in args.tasks],
     }
+
 
 
 CALC_SIZE = 256
@@ -407,8 +412,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
 
 def pair_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     """What a pair's training depends on besides its seed; a ``pair.json`` made with other settings is not resumed."""
-    return {"steps": args.steps, "batch": args.batch, "n": args.n, "max_staleness": args.max_staleness,
-            "stale_policy": args.stale_policy, "correction": args.correction,
+    return {"steps": args.steps, "batch": args.batch, "n": args.n, "tasks": args.tasks,
+            "max_staleness": args.max_staleness, "stale_policy": args.stale_policy, "correction": args.correction,
             "latency": [args.latency_median_s, args.latency_sigma, args.latency_max_s], "overrides": args.override,
             "arms_at_once": args.arms_at_once, "pin": args.pin, "model": model.name}
 
@@ -729,7 +734,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pairs = [run_pair(args, seed, folder, model) for seed, folder in folders.items()]
         start = start_held_out(workdir, model, args.eval_size)
     stats = paired_statistics(pairs, start)
-    settings = (f"{args.steps} steps of {args.batch} groups x {args.n}, max_staleness {args.max_staleness} "
+    settings = (f"{args.steps} steps of {args.batch} groups x {args.n} ({' + '.join(args.tasks)}), "
+                f"max_staleness {args.max_staleness} "
                 f"({args.stale_policy}), correction {args.correction}, calc latency lognormal median "
                 f"{args.latency_median_s}s sigma {args.latency_sigma} cap {args.latency_max_s}s, held-out "
                 f"{args.eval_size} sampled calc episodes per model, overrides {args.override or 'none'}"

@@ -174,8 +174,8 @@ class AsyncConfig:
     max_inflight: StrictInt | None = Field(None, ge=1, description="most groups running at once")
     interrupt: StrictBool = Field(
         False, description="abort running generations at an update and resume them on the new weights")
-    poll_interval: StrictFloat = Field(0.1, gt=0.0,
-                                       description="seconds between looks of the admission pump and sampler")
+    poll_interval: StrictFloat = Field(
+        0.1, gt=0.0, description="seconds between looks of the admission pump and the sampler (`agentrl_sync`'s too)")
 
     def capacity(self, batch_groups: int) -> int:
         """The buffer capacity in groups for a training batch of ``batch_groups`` groups.

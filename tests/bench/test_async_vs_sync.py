@@ -153,6 +153,18 @@ def test_parse_args_defaults_and_repeated_options():
     assert child.seeds == [1] and child.steps == 12
     with pytest.raises(SystemExit):
         parse_args(["--parallel", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--tasks", "calc", "calc"])
+
+
+def test_stack_serves_the_chosen_tasks_with_latency_on_calc_only():
+    calc = async_vs_sync.stack_config(parse_args([]), seed=3)["workers"]
+    assert [w["task"] for w in calc] == ["calc"]
+    assert calc[0]["options"]["seed"] == 3 and calc[0]["options"]["step_latency"]["median_s"] == 0.5
+    both = async_vs_sync.stack_config(parse_args(["--tasks", "calc", "db"]), seed=3)["workers"]
+    assert [w["task"] for w in both] == ["calc", "db"] and "step_latency" not in both[1]["options"]
+    # Pairs trained on other tasks are another experiment: not resumed.
+    assert pair_settings(parse_args([]), Path("m")) != pair_settings(parse_args(["--tasks", "calc", "db"]), Path("m"))
 
 
 def _args(*extra: str):

@@ -71,6 +71,26 @@ def test_trainer_mode_reports_sync_to_verl():
     assert trainer.trainer_mode == "sync" and trainer.registered_mode == TRAINER_MODE
 
 
+def test_replay_buffer_looks_for_the_batch_every_poll_interval(monkeypatch):
+    """verl's sync buffer sleeps 2 s between looks, which rounded each step's generation up to a multiple of 2 s."""
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    from agentrl_verl.core.config import AgentRLConfig, AsyncConfig
+
+    trainer = AgentRLSyncTrainer.__new__(AgentRLSyncTrainer)
+    trainer.trainer_mode = TRAINER_MODE
+    trainer.agentrl = AgentRLConfig(async_=AsyncConfig(poll_interval=0.25))
+    trainer.config = OmegaConf.create({
+        "trainer": {"v1": {"sampler": {"max_off_policy_threshold": None, "max_off_policy_strategy": "drop",
+                                       "sampler_kwargs": {}}}},
+        "algorithm": {}, "data": {"train_batch_size": 4}})
+    buffer = trainer._build_replay_buffer()
+    assert type(buffer) is replay_buffer.ReplayBuffer  # verl's sync buffer, only looking more often
+    sleeps = []
+    monkeypatch.setattr(replay_buffer.time, "sleep", sleeps.append)
+    buffer._wait_for_next_poll("train", replay_buffer.time.time())
+    assert sleeps == [0.25]
+
 
 def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monkeypatch):
     from verl.trainer.ppo.v1 import trainer_base
