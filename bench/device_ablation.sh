@@ -40,6 +40,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MO
        OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 JAX_PLATFORMS=cpu \
        AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 collect() {
+  # The background samplers end with the script: left running they hold the caller's output open until its limit.
+  kill $(jobs -p) 2>/dev/null
   python3 -m bench.ablation --out "$WORK" --report > "$LOGS/report.txt" 2>&1
   cp "$WORK"/summary.* "$WORK"/ablation.png "$OUT"/ 2>/dev/null
   (cd "$WORK" && find . \( -name run.json -o -name metrics.jsonl -o -name bench.log -o -path './device/*' \) \

@@ -27,6 +27,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MO
        OMP_NUM_THREADS=2 \
        AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 collect() {
+  # The background samplers end with the script: left running they hold the caller's output open until its limit.
+  kill $(jobs -p) 2>/dev/null
   cp "$WORK"/summary.* "$WORK"/pairs.png "$OUT"/ 2>/dev/null
   (cd "$WORK" && find . \( -name pair.json -o -name start.json -o -name '*.jsonl' -o -name '*.log' \
                            -o -name proc_stat.txt \) \
