@@ -56,6 +56,16 @@ def test_settings_load_validate_and_override():
         load_demo_config(None, ["tasks.0.learnable=false"])
 
 
+def test_the_model_shape_is_a_setting_of_tinymodelspec_fields():
+    from agentrl_verl.harness.tiny_model import TinyModelSpec
+
+    assert load_demo_config().model == TinyModelSpec()
+    config = load_demo_config(None, ["model.hidden_size=128", "model.num_hidden_layers=2"])
+    assert config.model == TinyModelSpec(hidden_size=128, num_hidden_layers=2)
+    with pytest.raises(ValueError, match="hiden_size"):
+        load_demo_config(None, ["model.hiden_size=128"])
+
+
 def test_demonstrations_per_task_default_to_the_demos_count():
     config = load_demo_config(None, ["tasks.0.demonstrations=7"])
     assert [t.demonstration_count(config.demonstrations) for t in config.tasks] == [7, 0, 0, 0, 0]
