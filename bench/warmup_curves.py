@@ -49,7 +49,7 @@ def main() -> None:
 
     config = load_demo_config(args.config, args.overrides)
     learnable = [t for t in config.tasks if t.learnable]
-    model_dir = build_tiny_model()
+    model_dir = build_tiny_model(spec=config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     with EnvStack(stack_config(learnable), startup_timeout=180) as stack:
         indices = asyncio.run(_task_indices(stack.url, learnable))

@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupConfig, WarmupResult, generate_demonstrations, supervised_warmup
 from agentrl_verl.harness.evaluate import EvalResult, evaluate_model
+from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model
 from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class DemoConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     eval: EvalSpec = field(default_factory=EvalSpec)
     rl: RLSpec = field(default_factory=RLSpec)
+    model: TinyModelSpec = field(default_factory=TinyModelSpec)
+    """The tiny model's shape (built once per shape and cached)."""
 
 
 def load_demo_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> DemoConfig:
@@ -134,7 +137,9 @@ def load_demo_config(path: str | os.PathLike | None = None, overrides: list[str]
     default = resources.files("agentrl_verl.harness.presets") / "demo_run.yaml"
     text = Path(path).read_text() if path else default.read_text()
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(DemoConfig), OmegaConf.create(text))
+        schema = OmegaConf.structured(DemoConfig)
+        OmegaConf.set_readonly(schema.model, False)  # TinyModelSpec is frozen; its fields are settings here
+        merged = OmegaConf.merge(schema, OmegaConf.create(text))
         for override in overrides or []:
             key, sep, value = override.partition("=")
             if not sep:
@@ -523,7 +528,6 @@ def _run_phases(progress: DemoProgress) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl_verl.harness.tiny_model import build_tiny_model
     from env_adapters.launcher import EnvStack
 
     out, config = progress.out, progress.config
@@ -537,7 +541,7 @@ def _run_phases(progress: DemoProgress) -> None:
     sessions = {t.name: min(t.concurrency, 64) for t in tasks}
 
     t = time.monotonic()
-    model_dir = build_tiny_model()
+    model_dir = build_tiny_model(spec=config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     t = progress.lap("build_model_s", t)
 

@@ -56,6 +56,16 @@ def test_settings_load_validate_and_override():
         load_demo_config(None, ["tasks.0.learnable=false"])
 
 
+def test_the_model_shape_is_a_setting_of_tinymodelspec_fields():
+    from agentrl_verl.harness.tiny_model import TinyModelSpec
+
+    assert load_demo_config().model == TinyModelSpec()
+    config = load_demo_config(None, ["model.hidden_size=128", "model.num_hidden_layers=2"])
+    assert config.model == TinyModelSpec(hidden_size=128, num_hidden_layers=2)
+    with pytest.raises(ValueError, match="hiden_size"):
+        load_demo_config(None, ["model.hiden_size=128"])
+
+
 def test_demonstrations_per_task_default_to_the_demos_count():
     config = load_demo_config(None, ["tasks.0.demonstrations=7"])
     assert [t.demonstration_count(config.demonstrations) for t in config.tasks] == [7, 0, 0, 0, 0]
@@ -354,8 +364,8 @@ def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path):
     """The multi-task settings, shrunk to plumbing size (a few demonstrations, 10 warm-up steps, 4 held-out indices
     per family, greedy only, 2 RL steps): every family's worker, demonstrations, warm-up, evaluation and RL episodes
     at the preset's lengths run through to the summary. Whether RL raises success is measured by the full run
-    (README, "Several families"), which takes too long for the suite. Expected runtime: 7.7 minutes on the 2-core
-    machine at load average 23-31 (most of it Ray's and verl's start-up under that load)."""
+    (README, "Several families"), which takes too long for the suite. Expected runtime: 129 s on the 2-core
+    machine at load average 3-4 (7.7 minutes at load average 23-31, most of it Ray's and verl's start-up)."""
     out = tmp_path / "demo"
     small = [f"tasks.{i}.{key}={value}" for i in range(4) for key, value in (("demonstrations", 16), ("held_out", 4))]
     log = _run_demo(out, "--config", str(MULTITASK), "--set", "warmup.max_steps=10", "--set", "warmup.eval_every=10",
