@@ -39,10 +39,8 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +61,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench.async_vs_sync import cpu_affinity, cpu_list, cpu_shares, mean_and_se, saved_record
+from bench.async_vs_sync import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
@@ -395,47 +393,16 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
     Raises:
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
     """
-    pending = [(arm, seed) for arm, seed in jobs(args)
-               if not run_done(saved_record(run_folder(workdir, arm, seed) / "run.json",
-                                            run_settings(args, arm, model)), args.eval_size)]
-    running: dict[tuple[str, int], subprocess.Popen] = {}
-    free = cpu_shares(os.sched_getaffinity(0), args.parallel) if args.pin else []
-    shares: dict[tuple[str, int], set[int]] = {}
-    failed = []
-    try:
-        while pending or running:
-            while pending and len(running) < args.parallel:
-                arm, seed = key = pending.pop(0)
-                folder = run_folder(workdir, arm, seed)
-                folder.mkdir(parents=True, exist_ok=True)
-                cmd = [sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds", str(seed),
-                       "--out", str(workdir), "--model", str(model), "--parallel", "1", "--child"]
-                if free:
-                    shares[key] = free.pop(0)
-                with open(folder / "bench.log", "a") as log, cpu_affinity(shares.get(key)):
-                    running[key] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                logger.info("%s seed %d: started (log %s)%s", arm, seed, folder / "bench.log",
-                            f" on CPUs {cpu_list(shares[key])}" if key in shares else "")
-            for key, proc in list(running.items()):
-                if proc.poll() is not None:
-                    del running[key]
-                    if key in shares:
-                        free.append(shares.pop(key))
-                    outcome = "done" if proc.returncode == 0 else f"failed ({proc.returncode})"
-                    logger.info("%s seed %d: %s", *key, outcome)
-                    if proc.returncode != 0:
-                        failed.append(key)
-            time.sleep(2)
-    finally:
-        # An error, Ctrl-C or SIGTERM here: each child stops its verl run and environment stack on SIGTERM.
-        for proc in running.values():
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in running.values():
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    commands = {}
+    for arm, seed in jobs(args):
+        folder = run_folder(workdir, arm, seed)
+        if run_done(saved_record(folder / "run.json", run_settings(args, arm, model)), args.eval_size):
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        commands[f"{arm} seed {seed}"] = ([sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds",
+                                           str(seed), "--out", str(workdir), "--model", str(model), "--parallel", "1",
+                                           "--child"], folder / "bench.log")
+    failed = run_processes(commands, args.parallel, args.pin, stop_s=40)
     if failed:
         raise RuntimeError(f"runs {failed} failed; see their bench.log under {workdir}")
 

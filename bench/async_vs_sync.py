@@ -291,6 +291,53 @@ def cpu_affinity(cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
+def run_processes(commands: dict[str, tuple[list[str], Path]], parallel: int, pin: bool, stop_s: float) -> list[str]:
+    """Run each command (name -> command line, log file) in its own process group, ``parallel`` at once, in order,
+    its output appended to its log; with ``pin`` each on a share of this process's CPUs (:func:`cpu_shares`), handed
+    to the next command when it ends. On an error, Ctrl-C or SIGTERM here, the running ones get SIGTERM (each stops
+    its verl run and environment stack) and SIGKILL after ``stop_s``.
+
+    Returns:
+        The names of the commands that failed (the others ran to their end).
+    """
+    pending = list(commands)
+    running: dict[str, subprocess.Popen] = {}
+    free = cpu_shares(os.sched_getaffinity(0), parallel) if pin else []
+    shares: dict[str, set[int]] = {}
+    failed = []
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                name = pending.pop(0)
+                cmd, log_path = commands[name]
+                if free:
+                    shares[name] = free.pop(0)
+                with open(log_path, "a") as log, cpu_affinity(shares.get(name)):
+                    running[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                     start_new_session=True)
+                logger.info("%s: started (log %s)%s", name, log_path,
+                            f" on CPUs {cpu_list(shares[name])}" if name in shares else "")
+            for name, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[name]
+                    if name in shares:
+                        free.append(shares.pop(name))
+                    logger.info("%s: %s", name, "done" if proc.returncode == 0 else f"failed ({proc.returncode})")
+                    if proc.returncode != 0:
+                        failed.append(name)
+            time.sleep(2)
+    finally:
+        for proc in running.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running.values():
+            try:
+                proc.wait(timeout=stop_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return failed
+
+
 def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
                  stop: threading.Event | None = None, cpus: set[int] | None = None) -> dict[str, Any]:
     """One ``main_ppo`` run (``mode``: ``sync`` or ``async``), logging each step as it ends; returns its per-step
@@ -670,46 +717,15 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                if not pair_done(saved_record(workdir / f"seed_{seed}" / "pair.json", settings), args.eval_size)]
     if len(pending) < len(args.seeds):
         logger.info("seeds %s: done before, kept", sorted(set(args.seeds) - set(pending)))
-    running: dict[int, subprocess.Popen] = {}
-    # --pin: a share of the CPUs per pair running, handed to the next pair when it ends.
-    free = cpu_shares(os.sched_getaffinity(0), args.parallel) if args.pin else []
-    shares: dict[int, set[int]] = {}
-    failed = []
-    try:
-        while pending or running:
-            while pending and len(running) < args.parallel:
-                seed = pending.pop(0)
-                out = workdir / f"seed_{seed}"
-                out.mkdir(parents=True, exist_ok=True)
-                cmd = [sys.executable, "-m", "bench.async_vs_sync", *argv, "--seeds", str(seed), "--out", str(out),
-                       "--model", str(model), "--parallel", "1"]
-                if free:
-                    shares[seed] = free.pop(0)
-                with open(out / "bench.log", "a") as log, cpu_affinity(shares.get(seed)):
-                    running[seed] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                logger.info("seed %d: started (log %s)%s", seed, out / "bench.log",
-                            f" on CPUs {cpu_list(shares[seed])}" if seed in shares else "")
-            for seed, proc in list(running.items()):
-                if proc.poll() is not None:
-                    del running[seed]
-                    if seed in shares:
-                        free.append(shares.pop(seed))
-                    logger.info("seed %d: %s", seed, "done" if proc.returncode == 0 else f"failed ({proc.returncode})")
-                    if proc.returncode != 0:
-                        failed.append(seed)
-            time.sleep(2)
-    finally:
-        # An error, Ctrl-C or SIGTERM here: each child stops its verl run and environment stack on SIGTERM.
-        for proc in running.values():
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in running.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    commands = {}
+    for seed in pending:
+        out = workdir / f"seed_{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        commands[f"seed {seed}"] = ([sys.executable, "-m", "bench.async_vs_sync", *argv, "--seeds", str(seed),
+                                     "--out", str(out), "--model", str(model), "--parallel", "1"], out / "bench.log")
+    failed = run_processes(commands, args.parallel, args.pin, stop_s=30)
     if failed:
-        raise RuntimeError(f"seeds {failed} failed; see {workdir}/seed_*/bench.log")
+        raise RuntimeError(f"{', '.join(failed)} failed; see {workdir}/seed_*/bench.log")
     return [json.loads((workdir / f"seed_{seed}" / "pair.json").read_text()) for seed in args.seeds]
 
 

@@ -270,7 +270,7 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
                                                                                                         model)})
     _FinishedChild.launched = []
     monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
-    monkeypatch.setattr(ablation.time, "sleep", lambda s: None)
+    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
     run_children(args, argv, tmp_path, model)
     launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
     assert [(a.arms, a.seeds, a.parallel) for a in launched] == [
@@ -294,7 +294,7 @@ def test_run_children_pinned_starts_each_run_on_its_own_cpus(tmp_path, monkeypat
 
     before = os.sched_getaffinity(0)
     monkeypatch.setattr(subprocess, "Popen", Child)
-    monkeypatch.setattr(ablation.time, "sleep", lambda s: None)
+    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
     run_children(args, argv, tmp_path, model)
     first, second = cpu_shares(before, 2)
     # The start model's evaluation and full seed 0 start together; seed 1 takes the share the first one gave back.
