@@ -743,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = load_pairs(folders)
         start = start_held_out(workdir, None, args.eval_size)
     else:
-        model = Path(args.model) if args.model else cold_started_model()
+        model = Path(args.model).resolve() if args.model else cold_started_model()
         if len(args.seeds) > 1 and args.parallel > 1:
             pairs = run_children(args, argv, workdir, model)
         else:
