@@ -3,10 +3,10 @@
 # OMP_NUM_THREADS=2 per process: with --parallel 5 --arms-at-once --pin each run has 3 cores of its own on the 32-core
 # machine, 6 on the 64-core one; on the 16-core one, unpinned, ten runs share them.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-# Run (device tool):  carry [".verl_bundle", ".cache"], command "bash bench/device_async_vs_sync.sh --seeds 0 1 2 3 4
-#                     --parallel 5 --steps 28 --arms-at-once --pin --eval-size 400" (arguments go to
-#                     bench.async_vs_sync; --model DIR takes a carried cold start as is; BENCH_TIMEOUT_S bounds the
-#                     whole bench: those 28 steps took 8.9 min of a 10-minute command on 32 cores).
+# Run (device tool):  carry [".verl_bundle", DIR], command "bash bench/device_async_vs_sync.sh --seeds 0 1 2 3 4
+#                     --parallel 5 --steps 24 --batch 4 --n 8 --arms-at-once --pin --eval-size 400 --model DIR/COLD"
+#                     (arguments go to bench.async_vs_sync; --model takes a carried cold start as is; BENCH_TIMEOUT_S
+#                     bounds the whole bench: those 24 steps took 8.1 min of a 10-minute command on 32 cores).
 # Small results (summary.md/json, pairs.png, each seed's pair.json, start.json, metrics and logs) go to $OUT as
 # runs.tgz; models stay behind in /tmp/async_vs_sync. A run cut off by the call's limit resumes with the same
 # arguments: on the same machine (still warm) as it is; on a fresh one from RESUME=runs.tgz (carried), which restores
