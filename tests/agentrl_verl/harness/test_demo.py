@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ import yaml
 
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
+from agentrl_verl.harness.compare import paired_gain, sign_test_p
 from agentrl_verl.harness.demo import (
     DemoProgress,
     RLStopped,
@@ -319,30 +319,6 @@ over the pairs that changed (McNemar's test) accounts for, pooled over both seed
 optimises; greedy success is reported, not asserted. Measured: sampled 0.120 -> 0.455 (seed 0: 77 pairs up, 10
 down) and 0.180 -> 0.585 (seed 1: 90 up, 9 down), p = 5e-31 pooled; with the earlier tokenizer (trained without the
 other families' episodes) 0.525 -> 0.645 and 0.120 -> 0.285, p = 7e-9."""
-
-
-def paired_gain(outs: list[Path], task: str = "calc", mode: str = "sampled") -> tuple[int, int]:
-    """Over the held-out episodes of ``outs``' runs: (fail -> success, success -> fail) pairs of the same index."""
-    up = down = 0
-    for out in outs:
-        rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
-        outcome = {(r["phase"], r["index"]): r["success"] for r in rows if r["task"] == task and r["eval"] == mode}
-        for (phase, index), before in outcome.items():
-            if phase == "before_rl":
-                after = outcome[("after_rl", index)]
-                up, down = up + (after and not before), down + (before and not after)
-    return up, down
-
-
-def sign_test_p(up: int, down: int) -> float:
-    """One-sided exact p-value of ``up`` or more of ``up + down`` changed pairs going up, if up and down were even."""
-    n = up + down
-    return sum(math.comb(n, k) for k in range(up, n + 1)) / 2**n if n else 1.0
-
-
-def test_the_paired_sign_test():
-    assert sign_test_p(0, 0) == 1.0 and sign_test_p(5, 5) > 0.5
-    assert sign_test_p(10, 0) == pytest.approx(1 / 1024) and sign_test_p(30, 15) < MAX_P_VALUE < sign_test_p(20, 15)
 
 
 @pytest.mark.slow
