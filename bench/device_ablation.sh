@@ -7,7 +7,9 @@
 #                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
 #                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 #                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
-#                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle).
+#                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle; the
+#                     checkout, the bundle, the wheels and a model come to just over it: leave the bundle's
+#                     uvloop wheel out, which Ray and the environment stack use only where it is installed).
 # Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... MODEL=... bash bench/device_ablation.sh
 #                     --parallel 19 --pin --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds
 #                     all but the collection; --pin: each run on 3 of the 64-core machine's CPUs).
