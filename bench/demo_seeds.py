@@ -170,7 +170,7 @@ def seed_record(seed: int, folder: Path, summary: dict[str, Any]) -> dict[str, A
                 up, down = pairs[family, mode]
                 tasks[family][mode] = {"before": r["success_before"], "after": r["success_after"],
                                        "change": r["success_change"], "up": up, "down": down}
-    return {"seed": seed, "folder": str(folder), "total_s": summary["timings_s"]["total_s"], "tasks": tasks}
+    return {"seed": seed, "folder": folder.name, "total_s": summary["timings_s"]["total_s"], "tasks": tasks}
 
 
 # ---- over seeds ---------------------------------------------------------------------------------------
