@@ -202,13 +202,14 @@ def seed_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                        for mode in modes}}
 
 
-def describe(config: DemoConfig, path: str) -> str:
-    """The runs' settings in a sentence."""
+def describe(config: DemoConfig, path: str, overrides: Sequence[str] = ()) -> str:
+    """The runs' settings in a sentence, with the ``--set`` overrides they share."""
     modes = "greedy and sampled" if config.eval.sampled else "greedy"
     held_out = sorted({t.held_out for t in config.tasks})
-    return (f"Settings {Path(path).name} ({', '.join(t.name for t in config.tasks)}), one run per seed (`seed` and "
-            f"`warmup.seed`); each run evaluates {' / '.join(map(str, held_out))} held-out indices per family "
-            f"before and after {config.rl.steps} RL steps, {modes}"
+    sets = f" with {', '.join(f'`--set {o}`' for o in overrides)}" if overrides else ""
+    return (f"Settings {Path(path).name}{sets} ({', '.join(t.name for t in config.tasks)}), one run per seed "
+            f"(`seed` and `warmup.seed`); each run evaluates {' / '.join(map(str, held_out))} held-out indices per "
+            f"family before and after {config.rl.steps} RL steps, {modes}"
             f"{f' (temperature {config.eval.temperature:g})' if config.eval.sampled else ''}.")
 
 
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         raise SystemExit(f"no finished demo run under {out} for seeds {args.seeds}")
     stats = seed_statistics(records)
-    settings = describe(load_demo_config(args.config, args.overrides), args.config)
+    settings = describe(load_demo_config(args.config, args.overrides), args.config, args.overrides)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records}, indent=2))
     text = summary_markdown(records, stats, settings)

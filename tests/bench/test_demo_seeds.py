@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.demo import summarize
+from agentrl_verl.harness.demo import load_demo_config, summarize
 from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
 from bench import demo_seeds
 from bench.demo_seeds import (
     MODES,
+    describe,
     expected_config,
     headline,
     parse_args,
@@ -222,3 +223,11 @@ def test_seeds_are_the_benchs_to_set():
     with pytest.raises(SystemExit):
         parse_args(["--out", "x", "--seeds", "1", "1"])
     assert parse_args(["--out", "x"]).config == MULTITASK
+
+
+def test_the_settings_sentence_names_the_shared_overrides():
+    config = load_demo_config(MULTITASK, ["rl.steps=3"])
+    sentence = describe(config, MULTITASK, ["rl.steps=3"])
+    assert sentence.startswith("Settings demo_multitask.yaml with `--set rl.steps=3` (calc, kg, webshop, alfworld)")
+    assert "before and after 3 RL steps" in sentence
+    assert " with `" not in describe(config, MULTITASK)
