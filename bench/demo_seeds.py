@@ -2,10 +2,11 @@
 
 One demo run's per-family changes of held-out success are within the evaluation's noise, so whether RL raises
 held-out success is judged over seeds. For each seed S, ``DIR/seed_S`` holds one ``agentrl-verl demo --config PRESET
---set seed=S --set warmup.seed=S [--set KEY=VALUE ...]`` run (its log in ``demo.log`` there). The seeds run one after
-another (each takes the whole CPU); a folder that already holds a finished run of the same settings is reused, one
-made with other settings is refused, and a run that stopped early is run again. ``--report`` runs nothing and
-summarises the finished runs of ``--seeds`` under ``DIR``.
+--set seed=S --set warmup.seed=S [--set KEY=VALUE ...]`` run (its output in ``demo.log`` there). The seeds run one
+after another (each takes the whole CPU), or ``--parallel P`` at once on a machine with more cores (``--pin``: each on
+an equal share of them); a folder that already holds a finished run of the same settings is reused, one made with
+other settings is refused, and a run that stopped early is run again. ``--report`` runs nothing and summarises the
+finished runs of ``--seeds`` under ``DIR``.
 
 ``DIR/summary.md`` and ``DIR/summary.json`` hold, per family and evaluation mode (greedy, sampled): each seed's
 held-out success before -> after RL and its change, with the run's total time; pooled over seeds, the mean success
@@ -23,11 +24,10 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from agentrl_verl.harness.compare import paired_changes, sign_test_p
 from agentrl_verl.harness.demo import DemoConfig, load_demo_config
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench.async_vs_sync import mean_and_se
+from bench.async_vs_sync import mean_and_se, run_processes
 
 logger = logging.getLogger("bench.demo_seeds")
 
@@ -46,7 +46,9 @@ FAMILIES_UP = 3
 SEED_KEYS = ("seed", "warmup.seed")
 """The settings each seed sets (``--set`` may not)."""
 LOG = "demo.log"
-"""A run's log (the demo's stderr) in its folder."""
+"""A run's output (the demo's stdout and stderr) in its folder."""
+STOP_S = 120
+"""Seconds a demo gets to stop its environment stack and verl run after SIGTERM (then SIGKILL)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -57,8 +59,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder of the runs (seed_S/) and the summary")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a demo setting of every run, as `agentrl-verl demo --set` (repeatable)")
+    parser.add_argument("--parallel", type=int, default=1, help="demo runs at once, each in its own process")
+    parser.add_argument("--pin", action="store_true",
+                        help="give each of the --parallel runs an equal share of the CPUs this process may use")
     parser.add_argument("--report", action="store_true", help="run nothing: summarise the finished runs under --out")
     args = parser.parse_args(argv)
+    if args.parallel < 1:
+        parser.error(f"--parallel {args.parallel}: must be >= 1")
+    if args.pin and not hasattr(os, "sched_setaffinity"):
+        parser.error("--pin needs CPU affinity (Linux)")
     for override in args.overrides:
         if override.partition("=")[0] in SEED_KEYS:
             parser.error(f"--set {override}: each run's {' and '.join(SEED_KEYS)} are its seed (--seeds)")
@@ -116,16 +125,14 @@ def demo_command(config: str, seed: int, overrides: Sequence[str], folder: Path)
             "--output-dir", str(folder)]
 
 
-def run_seed(args: argparse.Namespace, seed: int, folder: Path) -> dict[str, Any]:
-    """Seed ``seed``'s finished demo run in ``folder``: the one there, else a new one (stdout's last line, the demo's
-    result line, is logged; its log goes to :data:`LOG` there).
+def pending_seed(args: argparse.Namespace, seed: int, folder: Path) -> dict[str, Any] | None:
+    """Seed ``seed``'s finished demo run in ``folder`` if there is one; else None, with ``folder`` ready for a new run
+    (a run that stopped early is removed).
 
     Raises:
         ValueError: ``folder`` holds a run of other settings, or files but no demo summary (a run in progress?).
-        RuntimeError: the demo failed.
     """
-    config = str(Path(args.config).resolve())
-    summary = saved_run(folder, expected_config(config, args.overrides, seed))
+    summary = saved_run(folder, expected_config(str(Path(args.config).resolve()), args.overrides, seed))
     if summary is not None and summary["status"] == "finished":
         logger.info("seed %d: reusing the finished run in %s", seed, folder)
         return summary
@@ -137,24 +144,35 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path) -> dict[str, Any
         raise ValueError(f"{folder} holds files but no demo summary (a run still going, or one killed): remove it "
                          "to run that seed again")
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = demo_command(config, seed, args.overrides, folder)
-    logger.info("seed %d: %s (log %s)", seed, " ".join(cmd), folder / LOG)
-    started = time.monotonic()
-    with open(folder / LOG, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        try:
-            stdout, _ = proc.communicate()
-        except BaseException:
-            proc.terminate()  # the demo unwinds on SIGTERM as on Ctrl-C, stopping its stack and verl run
-            proc.wait()
-            raise
-    seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"seed {seed}: the demo exited with code {proc.returncode} after {seconds:.0f}s; "
-                           f"see {folder / LOG}")
-    result = stdout.strip().splitlines()[-1] if stdout.strip() else ""
-    logger.info("seed %d: finished in %.0fs: %s", seed, seconds, result)
-    return json.loads((folder / "summary.json").read_text())
+    return None
+
+
+def run_seeds(args: argparse.Namespace, out: Path) -> dict[int, dict[str, Any]]:
+    """Every seed's finished demo run under ``out``: those there, and new runs of the others (``--parallel`` at once;
+    a new run's output goes to :data:`LOG` in its folder).
+
+    Raises:
+        ValueError: a folder holds a run of other settings, or files but no demo summary.
+        RuntimeError: a demo failed (after every other run has ended; the finished ones are kept for the next call).
+    """
+    config = str(Path(args.config).resolve())
+    summaries, commands = {}, {}
+    for seed in args.seeds:
+        folder = out / f"seed_{seed}"
+        summary = pending_seed(args, seed, folder)
+        if summary is not None:
+            summaries[seed] = summary
+        else:
+            commands[f"seed {seed}"] = (demo_command(config, seed, args.overrides, folder), folder / LOG)
+    if commands:
+        logger.info("running %d demo run(s), %d at once: %s", len(commands), args.parallel, ", ".join(commands))
+    failed = run_processes(commands, args.parallel, args.pin, STOP_S)
+    if failed:
+        raise RuntimeError("the demo failed for " + "; ".join(f"{name} (see {commands[name][1]})" for name in failed))
+    for seed in (seed for seed in args.seeds if seed not in summaries):
+        summaries[seed] = json.loads((out / f"seed_{seed}" / "summary.json").read_text())
+        logger.info("seed %d: finished in %.0fs", seed, summaries[seed]["timings_s"]["total_s"])
+    return {seed: summaries[seed] for seed in args.seeds}
 
 
 def seed_record(seed: int, folder: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -266,17 +284,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.out).resolve()
     records = []
-    for i, seed in enumerate(args.seeds, start=1):
-        folder = out / f"seed_{seed}"
-        if args.report:
+    if args.report:
+        for seed in args.seeds:
+            folder = out / f"seed_{seed}"
             summary = saved_run(folder, expected_config(args.config, args.overrides, seed))
             if summary is None or summary["status"] != "finished":
                 logger.info("seed %d: no finished run in %s", seed, folder)
                 continue
-        else:
-            logger.info("seed %d (%d/%d)", seed, i, len(args.seeds))
-            summary = run_seed(args, seed, folder)
-        records.append(seed_record(seed, folder, summary))
+            records.append(seed_record(seed, folder, summary))
+    else:
+        records = [seed_record(seed, out / f"seed_{seed}", summary) for seed, summary in run_seeds(args, out).items()]
     if not records:
         raise SystemExit(f"no finished demo run under {out} for seeds {args.seeds}")
     stats = seed_statistics(records)

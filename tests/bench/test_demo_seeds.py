@@ -11,14 +11,15 @@ import pytest
 from agentrl_verl.harness.demo import load_demo_config, summarize
 from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
-from bench import demo_seeds
+from bench import async_vs_sync, demo_seeds
 from bench.demo_seeds import (
     MODES,
     describe,
     expected_config,
     headline,
     parse_args,
-    run_seed,
+    pending_seed,
+    run_seeds,
     seed_record,
     seed_statistics,
     summary_markdown,
@@ -124,50 +125,67 @@ def test_only_modes_and_families_every_seed_has_are_pooled(tmp_path):
 
 
 class _FakeDemo:
-    """``subprocess.Popen`` of the demo: writes the run its command asks for (``FLIPS``), or fails."""
+    """``subprocess.Popen`` of the demo (as :func:`bench.async_vs_sync.run_processes` starts it): writes the run its
+    command asks for (``FLIPS``) and its result line to its log, or fails."""
 
     commands: list = []
     returncode_of_next = 0
 
-    def __init__(self, cmd, **kwargs):
+    def __init__(self, cmd, stdout, **kwargs):
         self.commands.append(cmd)
-        self.cmd, self.returncode = cmd, None
-
-    def communicate(self):
-        sets = [self.cmd[i + 1] for i, arg in enumerate(self.cmd) if arg == "--set"]
-        seed = int(sets[0].removeprefix("seed="))
-        self.returncode = self.returncode_of_next
+        self.pid, self.returncode = -1, self.returncode_of_next
+        sets = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
         if self.returncode == 0:
-            write_run(Path(self.cmd[self.cmd.index("--output-dir") + 1]), seed, overrides=tuple(sets[2:]))
-        return "calc_greedy_before=0.250 total_s=801\n", None
+            write_run(Path(cmd[cmd.index("--output-dir") + 1]), int(sets[0].removeprefix("seed=")),
+                      overrides=tuple(sets[2:]))
+            stdout.write("calc_greedy_before=0.250 total_s=801\n")
+
+    def poll(self):
+        return self.returncode
 
 
 @pytest.fixture
 def fake_demo(monkeypatch):
     _FakeDemo.commands, _FakeDemo.returncode_of_next = [], 0
-    monkeypatch.setattr(demo_seeds.subprocess, "Popen", _FakeDemo)
+    monkeypatch.setattr(async_vs_sync.subprocess, "Popen", _FakeDemo)
+    monkeypatch.setattr(async_vs_sync.time, "sleep", lambda seconds: None)
     return _FakeDemo
 
 
 def test_a_missing_seed_runs_the_demo_into_its_folder(tmp_path, fake_demo, caplog):
-    args = parse_args(["--config", MULTITASK, "--out", str(tmp_path), "--set", "rl.steps=3"])
+    args = parse_args(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "1", "--set", "rl.steps=3"])
     folder = tmp_path / "seed_1"
     with caplog.at_level("INFO", logger="bench.demo_seeds"):
-        summary = run_seed(args, 1, folder)
+        summary = run_seeds(args, tmp_path)[1]
     assert fake_demo.commands == [[sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--config", MULTITASK,
                                    "--set", "seed=1", "--set", "warmup.seed=1", "--set", "rl.steps=3",
                                    "--output-dir", str(folder)]]
     assert summary["status"] == "finished" and summary["config"]["rl"]["steps"] == 3
-    assert (folder / "demo.log").exists() and "seed 1: finished in" in caplog.text
-    assert "calc_greedy_before=0.250 total_s=801" in caplog.text  # the demo's result line
-    assert run_seed(args, 1, folder) == summary and len(fake_demo.commands) == 1  # finished: reused
+    assert "seed 1: finished in" in caplog.text
+    assert "calc_greedy_before=0.250 total_s=801" in (folder / "demo.log").read_text()  # the demo's output
+    assert run_seeds(args, tmp_path) == {1: summary} and len(fake_demo.commands) == 1  # finished: reused
+
+
+def test_seeds_run_in_parallel_on_their_own_cpus(tmp_path, fake_demo, monkeypatch):
+    affinities = []
+    monkeypatch.setattr(async_vs_sync.os, "sched_setaffinity",
+                        lambda pid, cpus: affinities.append(set(cpus)))
+    monkeypatch.setattr(async_vs_sync.os, "sched_getaffinity", lambda pid: set(range(8)))
+    write_run(tmp_path / "seed_0", 0)
+    args = parse_args(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "2", "0", "1", "--parallel", "2",
+                       "--pin"])
+    summaries = run_seeds(args, tmp_path)
+    assert list(summaries) == [2, 0, 1] and all(s["status"] == "finished" for s in summaries.values())
+    assert len(fake_demo.commands) == 2  # seed 0 was there
+    # Each new run on a share of its own (set, then the caller's CPUs back).
+    assert affinities == [{0, 1, 2, 3}, set(range(8)), {4, 5, 6, 7}, set(range(8))]
 
 
 def test_a_run_of_other_settings_is_refused(tmp_path, fake_demo):
     folder = write_run(tmp_path / "seed_0", 0, overrides=("tasks.0.held_out=20",))
     args = parse_args(["--config", MULTITASK, "--out", str(tmp_path)])
     with pytest.raises(ValueError, match=r"seed_0 holds a demo run made with other settings \(tasks.0.held_out "):
-        run_seed(args, 0, folder)
+        pending_seed(args, 0, folder)
     with pytest.raises(ValueError, match="other settings"):  # --report too
         demo_seeds.main(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "0", "--report"])
     assert fake_demo.commands == []
@@ -176,23 +194,25 @@ def test_a_run_of_other_settings_is_refused(tmp_path, fake_demo):
 def test_a_stopped_run_is_run_again_and_unknown_files_are_refused(tmp_path, fake_demo):
     args = parse_args(["--config", MULTITASK, "--out", str(tmp_path)])
     stopped = write_run(tmp_path / "seed_2", 2, status="stopped")
-    assert run_seed(args, 2, stopped)["status"] == "finished" and len(fake_demo.commands) == 1
+    assert pending_seed(args, 2, stopped) is None and list(stopped.iterdir()) == []  # removed, ready for a new run
     busy = tmp_path / "seed_0"
     (busy / "env_logs").mkdir(parents=True)  # a run still going
     (busy / "demo.log").write_text("")
     with pytest.raises(ValueError, match="holds files but no demo summary"):
-        run_seed(args, 0, busy)
-    assert len(fake_demo.commands) == 1
+        pending_seed(args, 0, busy)
+    with pytest.raises(ValueError, match="holds files but no demo summary"):  # before any run starts
+        demo_seeds.main(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "2", "0"])
+    assert fake_demo.commands == []
 
 
-def test_a_failed_demo_stops_the_bench_naming_its_log(tmp_path, fake_demo):
+def test_a_failed_demo_is_named_with_its_log_after_the_others_end(tmp_path, fake_demo):
     fake_demo.returncode_of_next = 3
-    with pytest.raises(RuntimeError, match=r"seed 0: the demo exited with code 3 .*seed_0/demo.log"):
+    with pytest.raises(RuntimeError, match=r"the demo failed for seed 0 \(see .*seed_0/demo.log\); seed 1 "):
         demo_seeds.main(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "0", "1"])
-    assert len(fake_demo.commands) == 1
-    fake_demo.returncode_of_next = 0  # the folder holds only the failed run's log: the same command runs it again
+    assert len(fake_demo.commands) == 2
+    fake_demo.returncode_of_next = 0  # the folders hold only the failed runs' logs: the same command runs them again
     assert demo_seeds.main(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "0", "1"]) == 0
-    assert len(fake_demo.commands) == 3
+    assert len(fake_demo.commands) == 4
 
 
 def test_main_runs_what_is_missing_then_reports(tmp_path, fake_demo, capsys):
