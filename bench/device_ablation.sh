@@ -20,27 +20,12 @@ OUT=${OUT:-/tmp/ablation_out}  # at most 8 files come back: logs go into runs.tg
 WORK=/tmp/ablation
 LOGS=$WORK/device
 mkdir -p "$OUT" "$LOGS"
-bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
-if [ -f "${WHEELS:-}" ]; then  # their unpacked contents as one .tar.xz (a third smaller: the carry is limited)
-  tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
-elif [ -n "${WHEELS:-}" ]; then
-  # Plain unzip: these wheels need no install step (no scripts, no compiled entry points).
-  python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
-    || { echo "wheels failed"; exit 1; }
-fi
+source bench/device_env.sh
 for dir in "${BASE:-}" "${MODEL:-}"; do
   if [ -f "$dir/model.safetensors.xz" ]; then xz -d "$dir/model.safetensors.xz"; fi
 done
-# The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
-# platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
-# preset asks for). TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
-# JAX_PLATFORMS=cpu: webshop's BM25 index (bm25s) uses JAX when it is installed, as it is there, and JAX on a GPU takes
-# 75% of its memory at start: with 18 webshop workers at once the GPUs ran out, and the workers and the rollout
-# servers (torch touches the GPU too) failed.
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
-       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
-       OMP_NUM_THREADS=2 TQ_NUM_THREADS=2 JAX_PLATFORMS=cpu \
-       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+# TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
+export OMP_NUM_THREADS=2 TQ_NUM_THREADS=2
 collect() {
   # The background samplers end with the script: left running they hold the caller's output open until its limit.
   kill $(jobs -p) 2>/dev/null

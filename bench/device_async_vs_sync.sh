@@ -18,14 +18,8 @@ mkdir -p "$OUT" "$WORK"
 if [ -n "${RESUME:-}" ] && [ -z "$(ls -A "$WORK")" ]; then
   tar xzf "$RESUME" -C "$WORK" && echo "resumed from $RESUME: $(ls "$WORK")"
 fi
-bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
-# The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
-# platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPU the CPU
-# preset asks for).
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
-       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
-       OMP_NUM_THREADS=2 \
-       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+source bench/device_env.sh
+export OMP_NUM_THREADS=2
 collect() {
   # The background samplers end with the script: left running they hold the caller's output open until its limit.
   kill $(jobs -p) 2>/dev/null

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench.demo_seeds on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
+# several settings at once, each on an equal share of the CPUs, its runs pinned inside it (a run takes as many
+# threads as it has CPUs). Arguments: groups separated by `---`, each a name and bench.demo_seeds' arguments (no
+# --out: a group's runs go to /tmp/demo_seeds/NAME), e.g.
+#   lr1e-4 --seeds 4 5 6 7 8 9 --parallel 6 --pin --set rl.overrides.5=actor_rollout_ref.actor.optim.lr=1.0e-4 ---
+#   steps26 --seeds 0 1 2 3 4 5 --parallel 6 --pin --set rl.steps=26 --set rl.overrides.5=...
+# Prepare once here:  the bundle (see bench/device_env.sh) and WHEELS=FILE.tar.xz, the unpacked cp312 wheels of the
+#                     multi-task families: pyoxigraph (kg); bm25s, PyStemmer, thefuzz, rapidfuzz (webshop); textworld,
+#                     alfworld, fast_downward (its libdownward.so stripped of debug info: 33 MB -> 1.3 MB; textworld's
+#                     inform7 folder left out, the PDDL games do not use it), jericho, tatsu, mementos, hashids, nltk,
+#                     regex, networkx, prompt_toolkit, wcwidth, termcolor and defusedxml (alfworld); 13 MB with xz.
+# Run (device tool):  carry [".verl_bundle", WHEELS], command "WHEELS=... bash bench/device_demo_seeds.sh GROUPS".
+#                     TOTAL_S (default 560) bounds the runs; what finished by then is reported.
+# Each group's summary.md/json, and each run's summary, metrics, trajectories and logs, come back in $OUT/runs.tgz.
+set -uo pipefail
+OUT=${OUT:-/tmp/demo_seeds_out}
+WORK=/tmp/demo_seeds
+mkdir -p "$OUT" "$WORK"
+source bench/device_env.sh
+groups=() current=""
+for arg in "$@"; do
+  if [ "$arg" = "---" ]; then groups+=("$current"); current=""; else current+="${current:+ }$arg"; fi
+done
+[ -n "$current" ] && groups+=("$current")
+[ ${#groups[@]} -gt 0 ] || { echo "usage: device_demo_seeds.sh NAME ARGS... [--- NAME ARGS...]"; exit 2; }
+collect() {
+  # The background sampler ends with the script: left running it holds the caller's output open until its limit.
+  kill $(jobs -p) 2>/dev/null
+  for group in "${groups[@]}"; do
+    read -r name args <<< "$group"
+    # shellcheck disable=SC2086  # a group's arguments are words
+    python3 -m bench.demo_seeds --out "$WORK/$name" $args --report 2>&1 | tail -1 | sed "s/^/$name: /"
+  done
+  (cd "$WORK" && find . -maxdepth 3 \( -name 'summary.*' -o -name metrics.jsonl -o -name trajectories.jsonl \
+     -o -name demo.log -o -name verl.log -o -name learning_curve.png \) -print0 | tar czf "$OUT/runs.tgz" --null -T -)
+  # The first error of a failed run, if any.
+  grep -l -m1 "Error" "$WORK"/*/seed_*/demo.log 2>/dev/null | head -2 | while read -r log; do
+    echo "== $log"; grep -m1 -B5 -A25 "Error" "$log" | cut -c1-300; done
+}
+trap collect EXIT
+echo "cpus $(nproc --all)"
+(while uptime; do sleep 30; done > "$OUT/load.txt") &
+# The bundle is installed without bytecode: compiled once here, not by every process of the runs starting at once.
+python3 -m compileall -q -j 0 /tmp/site "$PWD/agentrl_verl" "$PWD/env_adapters" "$PWD/bench" > /dev/null 2>&1
+cpus=($(python3 -c "import os; print(*sorted(os.sched_getaffinity(0)))"))
+share=$(( ${#cpus[@]} / ${#groups[@]} ))
+pids=()
+for i in "${!groups[@]}"; do
+  read -r name args <<< "${groups[$i]}"
+  mine=$(IFS=,; echo "${cpus[*]:$(( i * share )):$share}")
+  echo "$name on CPUs ${cpus[$(( i * share ))]}-${cpus[$(( i * share + share - 1 ))]}: $args"
+  # shellcheck disable=SC2086
+  taskset -c "$mine" timeout --kill-after=150 "$(( ${TOTAL_S:-560} - SECONDS ))" \
+    python3 -m bench.demo_seeds --out "$WORK/$name" $args > "$WORK/$name.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; echo "${groups[$i]%% *} rc=$?"
+done

@@ -1,0 +1,18 @@
+# Sourced by bench/device_*.sh on a GPU machine lent by the `device` tool, from the repo root: installs the carried
+# verl bundle (.verl_bundle, see its install.sh) into /tmp/site, unpacks WHEELS there if given (a folder of wheels
+# that need no install step, or their unpacked contents as one .tar.xz, a third smaller: the carry is limited to 64
+# MiB), and exports what the runs need.
+# The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
+# platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
+# preset asks for). JAX_PLATFORMS=cpu: webshop's BM25 index (bm25s) uses JAX when it is installed, as it is there,
+# and JAX on a GPU takes 75% of its memory at start: with 18 webshop workers at once the GPUs ran out.
+bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
+if [ -f "${WHEELS:-}" ]; then
+  tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
+elif [ -n "${WHEELS:-}" ]; then
+  python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
+    || { echo "wheels failed"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
+       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu JAX_PLATFORMS=cpu \
+       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
