@@ -130,6 +130,18 @@ def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(m
         results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     assert torch.allclose(results[0][1], results[1][1], rtol=1e-4, atol=1e-7)
+    # The output layer only at trained positions: the loss of the model's own full-logits loss (labels -100 elsewhere).
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in batch])
+    labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask, strict=True)] + [-100] * (width - len(i))
+                           for i, mask in batch])
+    attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+    model.zero_grad()
+    reference = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    reference.backward()
+    assert reference.item() == pytest.approx(results[0][0], rel=1e-5)
+    assert torch.allclose(torch.cat([p.grad.flatten() for p in model.parameters()]), results[0][1], rtol=1e-4,
+                          atol=1e-7)
 
 
 def test_checks_after_every_step_are_screened_and_the_stop_is_decided_on_every_index(model_dir, demos, tmp_path):
