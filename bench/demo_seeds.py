@@ -90,11 +90,14 @@ def expected_config(config: str, overrides: Sequence[str], seed: int) -> dict[st
     return json.loads(json.dumps(dataclasses.asdict(loaded), default=str))  # as the demo writes it
 
 
-def differences(saved: Any, expected: Any, key: str = "") -> list[str]:
-    """The dotted keys where ``saved`` and ``expected`` (JSON values) differ."""
+def differences(saved: Any, expected: Any, key: str = "", default: Any = None) -> list[str]:
+    """The dotted keys where ``saved`` and ``expected`` (JSON values) differ. A key ``saved`` lacks is no difference
+    where ``expected`` holds that setting's ``default`` value: the run was made before the setting existed."""
     if isinstance(saved, dict) and isinstance(expected, dict):
+        default = default if isinstance(default, dict) else {}
         return [d for k in sorted(saved.keys() | expected.keys(), key=str)
-                for d in differences(saved.get(k), expected.get(k), f"{key}.{k}" if key else str(k))]
+                if k in saved or k not in default or default[k] != expected.get(k)
+                for d in differences(saved.get(k), expected.get(k), f"{key}.{k}" if key else str(k), default.get(k))]
     if isinstance(saved, list) and isinstance(expected, list) and len(saved) == len(expected):
         return [d for i, (s, e) in enumerate(zip(saved, expected, strict=True))
                 for d in differences(s, e, f"{key}.{i}" if key else str(i))]
@@ -111,7 +114,8 @@ def saved_run(folder: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    changed = differences(summary.get("config"), expected)
+    defaults = json.loads(json.dumps(dataclasses.asdict(DemoConfig()), default=str))
+    changed = differences(summary.get("config"), expected, default=defaults)
     if changed:
         raise ValueError(f"{folder} holds a demo run made with other settings ({', '.join(changed[:8])} differ): "
                          "use another --out, or the settings of that run")

@@ -172,6 +172,9 @@ class WarmupConfig:
     the cost for the steps that are clearly short of it (0: every check plays every index)."""
     screen_margin: float = 0.15
     seed: int = 0
+    device: str = "auto"
+    """Where the warm-up trains: ``cpu``, ``cuda``, or ``auto`` (``cuda`` where torch sees a GPU). Held-out checks
+    play on the CPU, as RL's rollout does (the model moves there for them); the checkpoint is saved from the CPU."""
 
 
 @dataclass
@@ -181,6 +184,8 @@ class WarmupResult:
     path: str
     steps: int
     success: float
+    device: str
+    """Where it trained (``warmup.device`` resolved)."""
     history: list[dict[str, float]] = field(default_factory=list)
     """One row per check: step, mean training loss since the last check, held-out success, the episodes it is over
     (fewer than all for a screened check) and the seconds since the start."""
@@ -209,10 +214,11 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = config or WarmupConfig()
+    device = warmup_device(config.device)
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     data = [tokenize_episode(tokenizer, d.messages, d.tools) for d in demos]
     if not data:
         raise ValueError("no demonstrations to train on; check that the expert solves the task")
@@ -236,7 +242,8 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
         loss_sum += loss.item()
         since_eval += 1
         if dense or step % config.eval_every == 0 or step == config.max_steps:
-            outcomes = _check(model, eval_fn, config, screen=dense and step < config.max_steps)
+            outcomes = _check(model.cpu(), eval_fn, config, screen=dense and step < config.max_steps)
+            model.to(device)
             success = sum(outcomes) / len(outcomes)
             dense = dense or success >= config.dense_eval_from
             row = {"step": step, "loss": loss_sum / since_eval, "success": success, "episodes": len(outcomes),
@@ -248,9 +255,26 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
             if success >= config.stop_success:
                 break
     output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
+    model.cpu().save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    return WarmupResult(str(output_dir), step, success, history)
+    return WarmupResult(str(output_dir), step, success, device, history)
+
+
+def warmup_device(setting: str) -> str:
+    """``warmup.device`` resolved to a torch device name.
+
+    Raises:
+        ValueError: not ``cpu``, ``cuda`` or ``auto``, or ``cuda`` where torch sees no GPU.
+    """
+    import torch
+
+    if setting not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"warmup.device: {setting!r} is not cpu, cuda or auto")
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("warmup.device: cuda, but torch sees no GPU here; use cpu or auto")
+    return setting
 
 
 def _check(model, eval_fn: HeldOutCheck, config: WarmupConfig, screen: bool) -> list[bool]:
@@ -281,12 +305,13 @@ def _masked_lm_loss(model, batch: list[Sample], pad_id: int, max_tokens: int = M
     import torch
 
     decoder, head = model.get_decoder(), model.get_output_embeddings()
+    device = head.weight.device
     loss = 0.0
     for group in _length_groups(batch, max_tokens):
         width = max(len(ids) for ids, _ in group)
-        ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in group])
-        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in group])
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in group])
+        ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in group], device=device)
+        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in group], device=device)
+        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in group], device=device)
         hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
         trained = mask[:, 1:].bool()
         logits = head(hidden[trained])

@@ -478,7 +478,8 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
         "tasks": per_task,
         "skipped_tasks": progress.skipped,
         "warmup": None if warm is None else {"steps": warm.steps, "held_out_success": warm.success,
-                                             "history": warm.history, "demonstrations": progress.demonstrations},
+                                             "device": warm.device, "history": warm.history,
+                                             "demonstrations": progress.demonstrations},
         "rl": {"steps": config.rl.steps, "steps_done": len(rl_history), "command": progress.command,
                "history": rl_history},
         "timings_s": progress.timings,
@@ -573,7 +574,7 @@ def _run_phases(progress: DemoProgress) -> None:
 
         progress.warm = warm = supervised_warmup(model_dir, demos, out / "warmup_model", warmup_success,
                                                  config.warmup)
-        logger.info("warm-up: %d steps, held-out greedy success %.2f", warm.steps, warm.success)
+        logger.info("warm-up: %d steps on %s, held-out greedy success %.2f", warm.steps, warm.device, warm.success)
         t = progress.lap("warmup_s", t)
 
         def evaluate_all(path: str | Path) -> dict[str, dict[str, EvalResult]]:

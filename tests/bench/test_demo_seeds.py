@@ -191,6 +191,18 @@ def test_a_run_of_other_settings_is_refused(tmp_path, fake_demo):
     assert fake_demo.commands == []
 
 
+def test_a_run_made_before_a_setting_existed_counts_as_made_at_its_default(tmp_path, fake_demo):
+    folder = write_run(tmp_path / "seed_0", 0)
+    summary = json.loads((folder / "summary.json").read_text())
+    del summary["config"]["warmup"]["device"]  # a run from before warmup.device
+    (folder / "summary.json").write_text(json.dumps(summary))
+    args = parse_args(["--config", MULTITASK, "--out", str(tmp_path)])
+    assert pending_seed(args, 0, folder)["status"] == "finished"
+    with pytest.raises(ValueError, match=r"other settings \(warmup.device differ"):
+        pending_seed(parse_args(["--config", MULTITASK, "--out", str(tmp_path), "--set", "warmup.device=cpu"]), 0,
+                     folder)
+
+
 def test_a_stopped_run_is_run_again_and_unknown_files_are_refused(tmp_path, fake_demo):
     args = parse_args(["--config", MULTITASK, "--out", str(tmp_path)])
     stopped = write_run(tmp_path / "seed_2", 2, status="stopped")

@@ -217,7 +217,7 @@ def test_stop_reasons_name_what_ended_the_demo():
 def test_an_early_end_still_writes_the_summary_of_what_was_measured(tmp_path):
     config = load_demo_config(None, ["rl.steps=40"])
     progress = DemoProgress(tmp_path, config, tasks=["calc"], learnable=["calc"], demonstrations=64,
-                            warm=WarmupResult(str(tmp_path / "w"), 120, 0.61, [{"step": 120, "success": 0.61}]),
+                            warm=WarmupResult(str(tmp_path / "w"), 120, 0.61, "cpu", [{"step": 120, "success": 0.61}]),
                             before={"greedy": {"calc": _result("calc", [True, False])}})
     progress.timings = {"build_model_s": 1.0, "warmup_s": 200.0, "eval_before_s": 30.0}
     (tmp_path / "metrics.jsonl").write_text("".join(
