@@ -11,8 +11,13 @@
 #                     inform7 folder left out, the PDDL games do not use it), jericho, tatsu, mementos, hashids, nltk,
 #                     regex, networkx, prompt_toolkit, wcwidth, termcolor and defusedxml (alfworld); 13 MB with xz.
 # Run (device tool):  carry [".verl_bundle", WHEELS], command "WHEELS=... bash bench/device_demo_seeds.sh GROUPS".
-#                     TOTAL_S (default 560) bounds the runs; what finished by then is reported.
-# Each group's summary.md/json, and each run's summary, metrics, trajectories and logs, come back in $OUT/runs.tgz.
+#                     TOTAL_S (default 540) bounds the runs; what finished by then is reported. A whole demo run
+#                     must fit: with 12 runs on the 64-core machine (5 cores each), the multi-task preset does not
+#                     fit a 10-minute call (its 400 warm-up steps on the CPU took 330 s and its first evaluation 55 s;
+#                     with the warm-up on the GPU no run had finished RL at 560 s either).
+# Each group's summary.md/json, and each run's summary, metrics, trajectories and logs, come back in $OUT/runs.tgz;
+# every 30 s the runs' summaries and the tails of their logs so far go to $OUT/partial.tgz (a call cut off before
+# the end still brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/demo_seeds_out}
 WORK=/tmp/demo_seeds
@@ -40,7 +45,11 @@ collect() {
 }
 trap collect EXIT
 echo "cpus $(nproc --all)"
-(while uptime; do sleep 30; done > "$OUT/load.txt") &
+(while uptime; do
+   (cd "$WORK" && find . -maxdepth 3 -name 'summary.*' -print0 | tar czf "$OUT/partial.tgz.tmp" --null -T - \
+      && for log in */seed_*/demo.log; do tail -5 "$log" | cut -c1-200 | sed "s|^|$log: |"; done \
+      > "$OUT/progress.txt" && mv "$OUT/partial.tgz.tmp" "$OUT/partial.tgz") 2>/dev/null
+   sleep 30; done > "$OUT/load.txt") &
 # The bundle is installed without bytecode: compiled once here, not by every process of the runs starting at once.
 python3 -m compileall -q -j 0 /tmp/site "$PWD/agentrl_verl" "$PWD/env_adapters" "$PWD/bench" > /dev/null 2>&1
 cpus=($(python3 -c "import os; print(*sorted(os.sched_getaffinity(0)))"))
@@ -51,7 +60,8 @@ for i in "${!groups[@]}"; do
   mine=$(IFS=,; echo "${cpus[*]:$(( i * share )):$share}")
   echo "$name on CPUs ${cpus[$(( i * share ))]}-${cpus[$(( i * share + share - 1 ))]}: $args"
   # shellcheck disable=SC2086
-  taskset -c "$mine" timeout --kill-after=150 "$(( ${TOTAL_S:-560} - SECONDS ))" \
+  # SIGTERM stops each demo's stack and verl run; SIGKILL 20 s later leaves time for collect() inside the call.
+  taskset -c "$mine" timeout --kill-after=20 "$(( ${TOTAL_S:-540} - SECONDS ))" \
     python3 -m bench.demo_seeds --out "$WORK/$name" $args > "$WORK/$name.log" 2>&1 &
   pids+=($!)
 done
