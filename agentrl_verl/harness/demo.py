@@ -45,7 +45,6 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-import agentrl_verl
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupConfig, WarmupResult, generate_demonstrations, supervised_warmup
 from agentrl_verl.harness.evaluate import EvalResult, evaluate_model
@@ -264,11 +263,8 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
     on a machine with fewer cores (thousands of log lines per run). Values already set in the environment win.
     """
     cores = str(len(os.sched_getaffinity(0)))
-    # The package's short spin is for this process (agentrl_verl/__init__.py); libgomp would spin that long under
-    # PASSIVE too.
-    inherited = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT" or not agentrl_verl.SPIN_COUNT_SET_HERE}
     return {"OMP_NUM_THREADS": cores, "OMP_WAIT_POLICY": "PASSIVE", "TQ_NUM_THREADS": cores,
-            "RAY_worker_niceness": "0", **inherited,
+            "RAY_worker_niceness": "0", **os.environ,
             "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
             "VERL_FILE_LOGGER_PATH": str(metrics_file), "PYTHONUNBUFFERED": "1"}
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import agentrl_verl
 from agentrl_verl.harness import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
 from agentrl_verl.harness.compare import paired_gain, sign_test_p
@@ -143,11 +142,6 @@ def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(mon
     env = rl_environment(tmp_path / "m.jsonl")
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) and env["RAY_worker_niceness"] == "0"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["TQ_NUM_THREADS"] == env["OMP_NUM_THREADS"]
-    monkeypatch.setattr(agentrl_verl, "SPIN_COUNT_SET_HERE", True)  # this process's short spin stays here
-    monkeypatch.setenv("GOMP_SPINCOUNT", "20000")
-    assert "GOMP_SPINCOUNT" not in rl_environment(tmp_path / "m.jsonl")
-    monkeypatch.setattr(agentrl_verl, "SPIN_COUNT_SET_HERE", False)  # the user's goes everywhere
-    assert rl_environment(tmp_path / "m.jsonl")["GOMP_SPINCOUNT"] == "20000"
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "m.jsonl")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's settings win
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
@@ -155,22 +149,18 @@ def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(mon
     assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == ("3", "ACTIVE")
 
 
-def test_torch_threads_spin_briefly_in_processes_that_import_the_package():
-    # libgomp reads the settings once, when torch loads: print them at the moment a fresh interpreter first imports
-    # torch.
+def test_torch_threads_wait_passively_in_processes_that_import_the_package():
+    # libgomp reads the policy once, when torch loads: print it at the moment a fresh interpreter first imports torch.
     code = ("import os, sys\n"
             "class Spy:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'torch':\n"
-            "            print('policy', os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))\n"
+            "            print('policy', os.environ.get('OMP_WAIT_POLICY'))\n"
             "sys.meta_path.insert(0, Spy())\n"
             "import agentrl_verl\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy None 20000"]
-    env["GOMP_SPINCOUNT"] = "0"  # the user's setting wins
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy None 0"]
+    assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy PASSIVE"]
 
 
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
