@@ -129,12 +129,12 @@ def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm
             assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
 
 
-def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str) -> dict[int, dict]:
-    """Three steps of ``agentrl_async`` (bound 1) on the slow multi-turn stack; checks what holds for every run."""
+def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps: int = 3) -> dict[int, dict]:
+    """``steps`` steps of ``agentrl_async`` (bound 1) on the slow multi-turn stack; checks what holds for every run."""
     make_data(stack.url, workdir, 32)
-    _, steps = run_vllm(
+    _, metrics = run_vllm(
         workdir, name,
-        "trainer.total_training_steps=3",
+        f"trainer.total_training_steps={steps}",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_async",
         # A bound of 1: the groups admitted after the first update are the ones running at the second and the ones
@@ -156,8 +156,8 @@ def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str) -> dic
         "actor_rollout_ref.actor.optim.lr=1e-6",
         *overrides,
     )
-    assert sorted(steps) == [1, 2, 3]
-    for step, m in steps.items():
+    assert sorted(metrics) == list(range(1, steps + 1))
+    for step, m in metrics.items():
         assert m["async/staleness/turn_lag/over"] == 0, (step, m)  # the bound holds, resumed turns included
         assert m["agentrl/all/episodes"] == 8, (step, m)
         assert m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
@@ -165,12 +165,15 @@ def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str) -> dic
         # vLLM's log-prob of each trained token matches the actor's for that token.
         assert m["training/rollout_probs_diff_valid"] == 1.0
         assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
-    return steps
+    return metrics
 
 
 def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(tail_stack, tmp_path, run_vllm):
+    # Four steps: the groups admitted at each update are generating at the next one, but only the turns running at
+    # that instant (at most max_num_seqs) are aborted, and an update may find every episode waiting on the environment.
+    # Here steps 3 and 4 trained 2 resumed turns each; a CI run of three steps once trained none.
     steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_interrupt",
-                      "+agentrl.async.stale_policy=drop", "+agentrl.async.interrupt=true")
+                      "+agentrl.async.stale_policy=drop", "+agentrl.async.interrupt=true", steps=4)
     # Weight updates aborted running vLLM generations, which went on on the new weights within the same turn and were
     # trained, counted at the version they started on.
     assert sum(m["async/resumed_turns"] for m in steps.values()) > 0, [m["async/resumed_turns"] for m in steps.values()]

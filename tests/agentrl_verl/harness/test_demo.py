@@ -312,26 +312,21 @@ def test_demo_runs_end_to_end_and_reports(demo_run):
 MAX_P_VALUE = 0.05
 """Largest one-sided p-value of the paired test that RL raised held-out calc success (sampled at the RL temperature).
 
-Evidence: the default demo on seeds 0 and 1 (two runs, 17.5 minutes together on the shared 2-core machine at load
-average 3-17), evaluated on the same 200 held-out calc indices before and after RL. Pairing each index with itself
-removes the spread between problems; what remains is the sampling noise of each episode, which the exact sign test
-over the pairs that changed (McNemar's test) accounts for, pooled over both seeds. Sampled success is what RL
-optimises; greedy success is reported, not asserted. Measured: sampled 0.120 -> 0.455 (seed 0: 77 pairs up, 10
-down) and 0.180 -> 0.585 (seed 1: 90 up, 9 down), p = 5e-31 pooled; with the earlier tokenizer (trained without the
-other families' episodes) 0.525 -> 0.645 and 0.120 -> 0.285, p = 7e-9."""
+Evidence: the default demo on seeds 0 and 1, evaluated on the same 200 held-out calc indices before and after RL.
+Pairing each index with itself removes the spread between problems; what remains is the sampling noise of each
+episode, which the exact sign test over the pairs that changed (McNemar's test) accounts for. Sampled success is
+what RL optimises; greedy success is reported, not asserted. Measured: sampled 0.120 -> 0.455 (seed 0: 77 pairs up,
+10 down, p = 3e-14) and 0.180 -> 0.585 (seed 1: 90 up, 9 down); with the earlier tokenizer (trained without the
+other families' episodes) 0.525 -> 0.645 and 0.120 -> 0.285. One run is far inside the bound, so the check reuses
+the run above instead of paying for a second one."""
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2 * DEMO_HANG_GUARD_S)
-def test_rl_raises_held_out_success_on_the_learnable_task(demo_run, tmp_path):
-    """Expected runtime: one more default demo run (seed 1, ``os`` left out), about 6.5 minutes on the 2-core machine
-    at load average 3-10, after the shared seed-0 run."""
-    seed1 = tmp_path / "seed1"
-    _run_demo(seed1, "--config", str(_settings_without_os(tmp_path)), "--set", "seed=1", "--set", "warmup.seed=1")
-    up, down = paired_gain([demo_run[0], seed1])
-    gains = [json.loads((out / "summary.json").read_text())["tasks"]["calc"]["sampled"]["success_change"]
-             for out in (demo_run[0], seed1)]
-    assert sign_test_p(up, down) <= MAX_P_VALUE, (up, down, gains)
+@pytest.mark.timeout(DEMO_HANG_GUARD_S + 600)  # the demo run counts against this test when it runs alone
+def test_rl_raises_held_out_success_on_the_learnable_task(demo_run):
+    up, down = paired_gain([demo_run[0]])
+    gain = json.loads((demo_run[0] / "summary.json").read_text())["tasks"]["calc"]["sampled"]["success_change"]
+    assert sign_test_p(up, down) <= MAX_P_VALUE, (up, down, gain)
 
 
 @pytest.mark.slow
