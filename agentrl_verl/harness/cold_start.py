@@ -32,6 +32,9 @@ from env_adapters.task import Task, get_task_class, open_session
 
 logger = logging.getLogger(__name__)
 
+PROGRESS_EVERY_S = 30.0
+"""Seconds between the warm-up's progress lines when no held-out check falls in between."""
+
 Expert = Callable[[Task, Index, list[Message]], Message]
 """A scripted policy: ``(task, index, messages so far) -> the next assistant message``."""
 
@@ -226,7 +229,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
     history: list[dict[str, float]] = []
     order: list[int] = []
     success, step, loss_sum, since_eval, dense = 0.0, 0, 0.0, 0, False
-    started = time.monotonic()
+    started = last_shown = time.monotonic()
     while step < config.max_steps:
         if len(order) < config.batch_size:
             order = list(range(len(data)))
@@ -252,8 +255,14 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
             loss_sum, since_eval = 0.0, 0
             logger.info("warm-up step %d: loss %.3f, held-out greedy success %.2f (%d episodes)", step, row["loss"],
                         success, len(outcomes))
+            last_shown = time.monotonic()
             if success >= config.stop_success:
                 break
+        elif time.monotonic() - last_shown >= PROGRESS_EVERY_S:
+            # Checks may be hundreds of steps apart (the multi-task preset checks once, at its end).
+            logger.info("warm-up step %d/%d: loss %.3f, %.2f s a step", step, config.max_steps,
+                        loss_sum / since_eval, (time.monotonic() - started) / step)
+            last_shown = time.monotonic()
     output_dir = Path(output_dir)
     model.cpu().save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

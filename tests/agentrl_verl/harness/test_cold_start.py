@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agentrl_verl.harness import cold_start
 from agentrl_verl.harness.cold_start import (
     Episode,
     WarmupConfig,
@@ -84,6 +86,17 @@ def test_warmup_lowers_the_loss_and_saves_a_model(model_dir, demos, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(result.path)
     assert sum(p.numel() for p in reloaded.parameters()) > 0
     assert AutoTokenizer.from_pretrained(result.path)("x")["input_ids"]
+
+
+
+def test_warmup_shows_progress_between_sparse_checks(model_dir, demos, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(cold_start, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger=cold_start.__name__):
+        supervised_warmup(model_dir, demos, tmp_path / "sft", lambda model, part: [False],
+                          WarmupConfig(max_steps=4, batch_size=4, eval_every=4))
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(":")[0] for line in lines] == [f"warm-up step {s}/4" for s in (1, 2, 3)] + ["warm-up step 4"]
+    assert all("s a step" in line for line in lines[:3])
 
 
 class HeldOut:
