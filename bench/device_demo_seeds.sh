@@ -14,7 +14,10 @@
 #                     TOTAL_S (default 540) bounds the runs; what finished by then is reported. A whole demo run
 #                     must fit: with 12 runs on the 64-core machine (5 cores each), the multi-task preset does not
 #                     fit a 10-minute call (its 400 warm-up steps on the CPU took 330 s and its first evaluation 55 s;
-#                     with the warm-up on the GPU no run had finished RL at 560 s either).
+#                     with the warm-up on the GPU no run had finished RL at 560 s either). At plumbing size (40
+#                     warm-up steps, 16 demonstrations and 4 held-out indices a family, 2 RL steps) two runs on the
+#                     16-CPU one-GPU machine took 209 and 216 s: warm-up on the GPU 12 s, RL 176-181 s (its first
+#                     step about 160 s after launch, mostly Ray's and verl's start-up).
 # Each group's summary.md/json, and each run's summary, metrics, trajectories and logs, come back in $OUT/runs.tgz;
 # every 30 s the runs' summaries and the tails of their logs so far go to $OUT/partial.tgz (a call cut off before
 # the end still brings them back).
