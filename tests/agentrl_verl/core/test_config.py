@@ -150,7 +150,8 @@ def test_consistent_combinations_pass():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """The tiny model, a copy with its tokenizer only, one with another tokenizer, a directory without config."""
+    """The tiny model, a copy with another tokenizer, one whose embedding is too small, a directory without config."""
+    import json
     import shutil
 
     from transformers import AutoTokenizer
@@ -164,8 +165,12 @@ def models(tmp_path_factory) -> dict[str, Path]:
     tokenizer = AutoTokenizer.from_pretrained(other)
     tokenizer.add_tokens(["<not_in_the_actor>"])
     tokenizer.save_pretrained(other)
+    small = root / "small_embedding"
+    shutil.copytree(actor, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 1024}))
     (root / "empty").mkdir()
-    return {"actor": actor, "other": other, "empty": root / "empty"}
+    return {"actor": actor, "other": other, "small": small, "empty": root / "empty"}
 
 
 def _fixed(models, name: str, enable: bool = True):
@@ -180,6 +185,9 @@ def test_fixed_model_must_be_a_model_directory_with_the_actors_tokenizer(models)
     with pytest.raises(ConfigError, match=r"fixed_model_path=.*other_tokenizer has another tokenizer than the actor "
                                           r"\(2049 tokens, the actor's 2048"):
         validate_run_config(_fixed(models, "other"))
+    with pytest.raises(ConfigError, match="small_embedding has vocab_size 1024 in config.json, fewer than its "
+                                          "tokenizer's 2048 tokens"):
+        validate_run_config(_fixed(models, "small"))
     # The actor's own model as the fixed member passes, on the naive checkpoint engine too (nothing is synced).
     assert validate_run_config(_fixed(models, "actor")).cross_policy.fixed_model_path == str(models["actor"])
 
