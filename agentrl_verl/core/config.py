@@ -16,19 +16,23 @@ launch with a :class:`ConfigError` that names each bad key and, for a misspelt o
 the complete validated tree back, so every Ray worker receives exactly what the driver checked and reads it through
 :func:`agentrl_config`. The README's table of ``agentrl.*`` keys is :func:`config_table` (a test keeps them equal).
 
-Pure Python (pydantic dataclasses): no verl, Ray or torch.
+Pure Python (pydantic dataclasses): no verl, Ray or torch (the check of a fixed pool model's tokenizer loads
+transformers).
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import json
 import logging
+import os
 import threading
 import typing
 import weakref
 from collections.abc import Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, TypeAdapter
@@ -141,12 +145,15 @@ class CrossPolicyConfig:
 
     enable: StrictBool = Field(False, description="cross-policy sampling")
     stale_ratio: StrictFloat = Field(0.25, ge=0.0, le=1.0,
-                                     description="probability that a turn goes to the stale pool")
+                                     description="probability that a turn goes to the stale pool (or fixed model)")
     stale_refresh_steps: StrictInt = Field(
         25, ge=1, description="K: the stale pool takes the actor's weights every K steps")
     sticky: StrictBool = Field(False, description="one draw per trajectory instead of per turn")
     seed: StrictInt = Field(0, description="router seed")
     stale_replicas: StrictInt = Field(1, ge=1, description="replicas of the stale pool (its resource share)")
+    fixed_model_path: StrictStr = Field(
+        "", description="local HF model directory served instead of the stale copy: loaded at start, never synced",
+        json_schema_extra={"doc_default": "unset"})
     endpoints: tuple[Endpoint, ...] = Field(
         (), description="evaluation pool (`name`, `base_url`, `model`, `weight`, `api_key_env`)")
 
@@ -373,9 +380,13 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
     cp = config.cross_policy
     if cp.enable and cp.endpoints:
         problems.append(f"{ROOT}.cross_policy.endpoints is for evaluation (agentrl-verl evaluate); the training pool "
-                        "is always the current policy plus the stale pool: remove the endpoints")
+                        "is always the current policy plus the stale pool or the fixed model: remove the endpoints")
+    if cp.enable and cp.fixed_model_path:
+        model = _select(run_config, "actor_rollout_ref.model") or {}
+        problems.extend(_fixed_model_problems(cp.fixed_model_path, model.get("tokenizer_path") or model.get("path"),
+                                              bool(model.get("trust_remote_code", False))))
     engine = _select(run_config, "actor_rollout_ref.rollout.checkpoint_engine.backend", "naive")
-    if cp.enable and engine == "naive":
+    if cp.enable and not cp.fixed_model_path and engine == "naive":
         problems.append(
             f"{ROOT}.cross_policy.enable=true runs the stale pool as standalone replicas, which the 'naive' "
             "checkpoint engine cannot reach: set actor_rollout_ref.rollout.checkpoint_engine.backend=nccl on GPUs "
@@ -389,6 +400,9 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
     if estimator is not None and estimator != ESTIMATOR_NAME and config.task_adv_norm is not TaskAdvNorm.OFF:
         logger.warning("%s.task_adv_norm=%s has no effect with algorithm.adv_estimator=%s (use %s)",
                        ROOT, config.task_adv_norm.value, estimator, ESTIMATOR_NAME)
+    if cp.fixed_model_path and not cp.enable:
+        logger.warning("%s.cross_policy.fixed_model_path has no effect with %s.cross_policy.enable=false",
+                       ROOT, ROOT)
     if cp.enable and not correction.get("bypass_mode", False) and not correction.get("rollout_is"):
         # Decoupled mode recomputes old_log_probs with the actor: the PPO ratio then ignores that stale turns came
         # from another policy unless importance weights against rollout_log_probs correct for it.
@@ -396,6 +410,38 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
             "cross-policy sampling without behaviour-policy correction: set "
             "algorithm.rollout_correction.bypass_mode=true (ratio against each token's behaviour log-prob, "
             "as upstream AgentRL) or algorithm.rollout_correction.rollout_is=token")
+
+
+def _fixed_model_problems(path: str, actor_tokenizer: str | None, trust_remote_code: bool) -> list[str]:
+    """Why the fixed pool model at ``path`` cannot serve the actor's episodes (empty when it can).
+
+    The pool exchanges token ids, so the model's tokenizer must map tokens to ids exactly as the actor's does, and
+    its embedding must cover them.
+    """
+    key = f"{ROOT}.cross_policy.fixed_model_path={path}"
+    config_file = Path(path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return [f"{key} is not a Hugging Face model directory (no config.json): give a local directory written by "
+                "save_pretrained (config, weights and the actor's tokenizer)"]
+    from transformers import AutoTokenizer
+
+    try:
+        vocab = AutoTokenizer.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code).get_vocab()
+    except (OSError, ValueError) as error:
+        return [f"{key} has no loadable tokenizer ({error}): save the actor's tokenizer there (save_pretrained)"]
+    problems = []
+    if actor_tokenizer is not None:
+        actor_vocab = AutoTokenizer.from_pretrained(
+            os.path.expanduser(actor_tokenizer), trust_remote_code=trust_remote_code).get_vocab()
+        if vocab != actor_vocab:
+            problems.append(f"{key} has another tokenizer than the actor ({len(vocab)} tokens, the actor's "
+                            f"{len(actor_vocab)}, or other ids): the pool exchanges token ids, so give a model that "
+                            "uses the actor's tokenizer")
+    embedding = json.loads(config_file.read_text()).get("vocab_size")
+    if embedding is not None and embedding < len(vocab):
+        problems.append(f"{key} has vocab_size {embedding} in config.json, fewer than its tokenizer's {len(vocab)} "
+                        "tokens")
+    return problems
 
 
 def validate_run_config(run_config: Any) -> AgentRLConfig:

@@ -1,10 +1,11 @@
 """Cross-policy sampling (AgentRL, arXiv 2510.04206): every turn's action comes from a policy drawn from a pool.
 
-In training the pool is the current policy plus a stale copy whose weights are refreshed only every ``K`` steps, so
-one trajectory mixes turns of both; at evaluation the pool can be any set of models (named endpoints). This module
-holds the algorithm only, as pure Python that can be read and tested without verl, Ray or torch:
+In training the pool is the current policy plus a stale copy whose weights are refreshed only every ``K`` steps, or
+plus a fixed other model (``fixed_model_path``), so one trajectory mixes turns of both; at evaluation the pool can
+be any set of models (named endpoints). This module holds the algorithm only, as pure Python that can be read and
+tested without verl, Ray or torch:
 
-1. :func:`training_pool` - the current/stale pool of training (options: ``agentrl.cross_policy``,
+1. :func:`training_pool` - the current/stale (or current/fixed) pool of training (options: ``agentrl.cross_policy``,
    :class:`~agentrl_verl.core.config.CrossPolicyConfig`).
 2. :class:`PolicyRouter` - the per-turn choice. Each draw is a pure function of ``(seed, trajectory id, turn)``
    (a keyed hash, not a shared random stream), so a run is reproducible however the asynchronous episodes
@@ -12,7 +13,8 @@ holds the algorithm only, as pure Python that can be read and tested without ver
 3. :class:`TurnLog` - the per-trajectory bookkeeping the agent loop keeps: which policy and which weight version
    produced each turn, and which response tokens that turn owns. It is stored in the sample's extra fields.
 4. :func:`stale_version` / :func:`stale_refresh_due` - the refresh schedule of the stale pool.
-5. :func:`cross_policy_metrics` - share of turns per pool member and success rate by share of stale turns.
+5. :func:`cross_policy_metrics` - share of turns per pool member, their weight versions and behaviour log-probs,
+   and success rate by share of stale turns.
 
 The rollout wiring (replica pools, the pool-aware server client, weight refresh) lives in
 :mod:`agentrl_verl.core.policy_pool`.
@@ -32,6 +34,10 @@ CURRENT = "current"
 """Pool member name of the policy being trained (the replicas synced after every step)."""
 STALE = "stale"
 """Pool member name of the stale copy (replicas synced every ``stale_refresh_steps`` steps)."""
+FIXED = "fixed"
+"""Pool member name of a fixed model (replicas loaded from ``fixed_model_path``, never synced; no weight version)."""
+OFF_POLICY = frozenset({STALE, FIXED})
+"""The training pool's second members, whose turns count as stale (in ``stale_turn_share`` and its bins)."""
 
 # Keys this feature writes into a TokenOutput's / a sample's ``extra_fields``.
 POLICY_KEY = "policy"
@@ -48,9 +54,9 @@ STALE_TURN_SHARE_KEY = "stale_turn_share"
 """Sample extra field: fraction of the trajectory's generated turns that came from a stale member."""
 
 
-def training_pool(stale_ratio: float) -> dict[str, float]:
-    """Probabilities of the training pool: current ``1 - stale_ratio``, stale ``stale_ratio``."""
-    return {CURRENT: 1.0 - stale_ratio, STALE: stale_ratio}
+def training_pool(stale_ratio: float, other: str = STALE) -> dict[str, float]:
+    """Probabilities of the training pool: current ``1 - stale_ratio``, ``other`` (stale or fixed) ``stale_ratio``."""
+    return {CURRENT: 1.0 - stale_ratio, other: stale_ratio}
 
 
 def _uniform(seed: int, *key: object) -> float:
@@ -113,7 +119,7 @@ class TurnLog:
     (observation tokens in between belong to no turn). ``stale_members`` are the members counted as stale.
     """
 
-    stale_members: frozenset[str] = frozenset({STALE})
+    stale_members: frozenset[str] = OFF_POLICY
     policies: list[str] = field(default_factory=list)
     versions: list[int | None] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
@@ -199,10 +205,12 @@ def _share_bin(share: float, edges: Sequence[float]) -> str:
 def cross_policy_metrics(
     turn_policies: Iterable[Sequence[str]],
     successes: Iterable[bool],
-    stale_members: Iterable[str] = (STALE,),
+    stale_members: Iterable[str] = OFF_POLICY,
     members: Iterable[str] = (),
     turn_versions: Iterable[Sequence[int | None]] | None = None,
     actor_version: int | None = None,
+    turn_spans: Iterable[Sequence[Sequence[int]]] | None = None,
+    response_logprobs: Iterable[Sequence[float]] | None = None,
     share_bins: Sequence[float] = SHARE_BINS,
     prefix: str = "cross_policy",
 ) -> dict[str, float]:
@@ -216,6 +224,9 @@ def cross_policy_metrics(
         turn_versions: Per trajectory, the weight version of each generated turn (as ``turn_policies``).
         actor_version: Version the actor held while the batch was generated; with ``turn_versions`` it gives
             each member's version lag.
+        turn_spans: Per trajectory, ``[start, end)`` of each generated turn in the response tokens.
+        response_logprobs: Per trajectory, the behaviour log-prob of every response token; with ``turn_spans`` it
+            gives each member's mean log-prob per generated token.
         share_bins: Upper edges of the stale-share bins (ascending, last 1.0).
         prefix: Metric name prefix.
 
@@ -224,6 +235,7 @@ def cross_policy_metrics(
         ``{prefix}/mixed_trajectory_share`` (trajectories with turns from more than one member),
         ``{prefix}/version_lag_mean/{member}`` and ``{prefix}/version_lag_max/{member}`` (``actor_version`` minus
         the turn's version, over the member's turns that report a version),
+        ``{prefix}/logprob_mean/{member}`` (mean behaviour log-prob of the member's generated tokens),
         ``{prefix}/success_rate/stale_share_{bin}`` and ``{prefix}/trajectories/stale_share_{bin}`` per non-empty
         bin of the share of stale turns.
     """
@@ -244,6 +256,11 @@ def cross_policy_metrics(
             for policy, version in zip(policies, versions, strict=True):
                 if version is not None:
                     lags.setdefault(policy, []).append(actor_version - version)
+    logprobs: dict[str, list[float]] = {}
+    if turn_spans is not None and response_logprobs is not None:
+        for policies, spans, values in zip(trajectories, turn_spans, response_logprobs, strict=True):
+            for policy, (start, end) in zip(policies, spans, strict=True):
+                logprobs.setdefault(policy, []).extend(values[start:end])
     total_turns = sum(counts.values())
     metrics = {f"{prefix}/turn_share/{name}": n / total_turns if total_turns else 0.0 for name, n in counts.items()}
     if trajectories:
@@ -251,6 +268,9 @@ def cross_policy_metrics(
     for name, values in sorted(lags.items()):
         metrics[f"{prefix}/version_lag_mean/{name}"] = sum(values) / len(values)
         metrics[f"{prefix}/version_lag_max/{name}"] = float(max(values))
+    for name, values in sorted(logprobs.items()):
+        if values:
+            metrics[f"{prefix}/logprob_mean/{name}"] = sum(values) / len(values)
     for label, values in sorted(by_bin.items()):
         metrics[f"{prefix}/success_rate/stale_share_{label}"] = sum(values) / len(values)
         metrics[f"{prefix}/trajectories/stale_share_{label}"] = float(len(values))

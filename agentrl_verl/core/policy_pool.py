@@ -3,13 +3,15 @@
 - :class:`PolicyPoolClient` is the server client the agent loops get (``server_manager``): for every turn it asks
   the :class:`~agentrl_verl.core.cross_policy.PolicyRouter` which pool member generates, forwards the call to that
   member's client, and tags the output with the member (``policy``) and the weight version of the server that
-  produced it (``policy_version``). The tokens' log-probs are the producing server's, untouched.
-- :class:`StalePool` is a second group of rollout replicas of the same backend (vLLM, SGLang or ``hf``), with
-  its own resource share (``stale_replicas`` standalone replicas) and its own checkpoint-engine manager, synced
-  with the actor only every ``stale_refresh_steps`` steps.
+  produced it (``policy_version``; none for a fixed model). The tokens' log-probs are the producing server's,
+  untouched.
+- :class:`StalePool` is the pool's second member: a second group of rollout replicas of the same backend (vLLM,
+  SGLang or ``hf``), with its own resource share (``stale_replicas`` standalone replicas) and its own
+  checkpoint-engine manager, synced with the actor only every ``stale_refresh_steps`` steps; or, with
+  ``fixed_model_path``, replicas serving that model as loaded from disk, never synced.
 - :class:`CrossPolicyTrainerMixin` puts both into a verl V1 trainer (``class T(CrossPolicyTrainerMixin,
-  PPOTrainerSync)``): it builds the stale pool after verl's own replicas, hands the pool client to the agent loops,
-  refreshes the stale weights on schedule and logs the ``cross_policy/*`` metrics. With ``enable=false`` (the
+  PPOTrainerSync)``): it builds the second member after verl's own replicas, hands the pool client to the agent
+  loops, refreshes the stale weights on schedule and logs the ``cross_policy/*`` metrics. With ``enable=false`` (the
   default) every hook passes straight through.
 
 Evaluation pools of named external endpoints are built by :mod:`agentrl_verl.harness.evaluate`.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cachetools import LRUCache
@@ -31,10 +33,12 @@ from verl.workers.rollout.replica import TokenOutput, get_rollout_replica_class
 from agentrl_verl.core.config import CrossPolicyConfig, agentrl_config
 from agentrl_verl.core.cross_policy import (
     CURRENT,
+    FIXED,
     POLICY_KEY,
     POLICY_VERSION_KEY,
     STALE,
     TURN_POLICIES_KEY,
+    TURN_SPANS_KEY,
     TURN_VERSIONS_KEY,
     PolicyRouter,
     cross_policy_metrics,
@@ -58,18 +62,22 @@ class PolicyPoolClient(LLMServerClient):
             replica group, or an external endpoint client).
         router: Chooses the member per (trajectory, turn); the trajectory is verl's ``request_id`` (one per
             episode in multi-turn agent loops).
+        fixed_members: Members whose weights never change: their turns carry no weight version.
 
     Raises:
         ValueError: the router can draw a member that has no client.
     """
 
-    def __init__(self, config: Any, members: Mapping[str, Any], router: PolicyRouter) -> None:
+    def __init__(
+        self, config: Any, members: Mapping[str, Any], router: PolicyRouter, fixed_members: Iterable[str] = ()
+    ) -> None:
         super().__init__(config=config, load_balancer_handle=None)
         missing = sorted(set(router.members) - set(members))
         if missing:
             raise ValueError(f"pool members {missing} have a probability but no server client")
         self.members = dict(members)
         self.router = router
+        self.fixed_members = frozenset(fixed_members)
         self._turns: LRUCache = LRUCache(maxsize=MAX_TRACKED_TRAJECTORIES)
 
     async def generate(
@@ -83,7 +91,8 @@ class PolicyPoolClient(LLMServerClient):
             request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
         )
         output.extra_fields[POLICY_KEY] = name
-        output.extra_fields[POLICY_VERSION_KEY] = output.extra_fields.get("global_steps")
+        fixed = name in self.fixed_members
+        output.extra_fields[POLICY_VERSION_KEY] = None if fixed else output.extra_fields.get("global_steps")
         return output
 
 
@@ -105,42 +114,64 @@ class _NamedReplicaManager(LLMServerManager):
         super().__init__(config, *args, **kwargs)
 
 
-def stale_pool_config(config: DictConfig, num_replicas: int) -> DictConfig:
-    """verl's config with the rollout resource spec of ``num_replicas`` standalone replicas (one node)."""
+def stale_pool_config(config: DictConfig, num_replicas: int, model_path: str = "") -> DictConfig:
+    """verl's config with the rollout resource spec of ``num_replicas`` standalone replicas (one node).
+
+    With ``model_path`` the replicas serve that model (its weights, config and tokenizer) loaded from disk: verl's
+    ``dummy`` load format, meant for replicas that receive the actor's weights, becomes ``auto``.
+    """
     rollout = config.actor_rollout_ref.rollout
     world_size = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
     stale = copy.deepcopy(config)
     with open_dict(stale):
         stale.actor_rollout_ref.rollout.nnodes = 1
         stale.actor_rollout_ref.rollout.n_gpus_per_node = num_replicas * world_size
+        if model_path:
+            model = stale.actor_rollout_ref.model
+            model.path, model.hf_config_path, model.tokenizer_path = model_path, None, None
+            if "dummy" in rollout.get("load_format", "dummy"):
+                stale.actor_rollout_ref.rollout.load_format = "auto"
     return stale
 
 
 class StalePool:
-    """Standalone rollout replicas holding an earlier version of the actor's weights.
+    """Standalone rollout replicas of the pool's second member: an earlier version of the actor's weights, or a
+    fixed model.
 
     Args:
         config: verl's whole config.
         actor_wg: The actor worker group (the source of the weights).
         num_replicas: Replicas in the pool (each takes one replica's worth of devices).
         start_rank: First replica rank (after the replicas verl already runs, to keep actor names unique).
+        model_path: A model the replicas load at start and keep (member ``fixed``, no weight sync); empty for the
+            stale copy (member ``stale``).
 
-    The checkpoint engine must reach standalone replicas (not ``naive``; :func:`~agentrl_verl.core.config.check_run`
-    rejects that combination before the run starts).
+    The stale copy's checkpoint engine must reach standalone replicas (not ``naive``;
+    :func:`~agentrl_verl.core.config.check_run` rejects that combination before the run starts).
     """
 
-    def __init__(self, config: DictConfig, actor_wg: Any, num_replicas: int, start_rank: int) -> None:
+    def __init__(
+        self, config: DictConfig, actor_wg: Any, num_replicas: int, start_rank: int, model_path: str = ""
+    ) -> None:
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
 
-        engine_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+        self.name = FIXED if model_path else STALE
         self.manager = _NamedReplicaManager.create(
-            config=stale_pool_config(config, num_replicas), start_rank=start_rank, name_suffix=STALE
+            config=stale_pool_config(config, num_replicas, model_path), start_rank=start_rank, name_suffix=self.name
         )
-        self.checkpoint_manager = CheckpointEngineManager(
-            config=engine_config, actor_wg=actor_wg, replicas=self.manager.get_replicas()
-        )
+        self.checkpoint_manager = None
+        if not model_path:
+            engine_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+            self.checkpoint_manager = CheckpointEngineManager(
+                config=engine_config, actor_wg=actor_wg, replicas=self.manager.get_replicas()
+            )
         self.version: int | None = None
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the member is a fixed model (never refreshed, no weight version)."""
+        return self.checkpoint_manager is None
 
     def refresh(self, global_steps: int) -> dict:
         """Copy the actor's current weights (version ``global_steps``) into every stale replica."""
@@ -170,6 +201,7 @@ class CrossPolicyTrainerMixin:
             self.actor_rollout_wg,
             num_replicas=self.cross_policy.stale_replicas,
             start_rank=len(self.llm_server_manager.get_replicas()),
+            model_path=self.cross_policy.fixed_model_path,
         )
 
     def get_llm_client(self) -> LLMServerClient:
@@ -177,18 +209,23 @@ class CrossPolicyTrainerMixin:
         if self.stale_pool is None:
             return client
         cp = self.cross_policy
-        members = {CURRENT: client, STALE: self.stale_pool.get_client(type(client))}
-        router = PolicyRouter(training_pool(cp.stale_ratio), seed=cp.seed, sticky=cp.sticky)
-        return PolicyPoolClient(self.config, members, router)
+        pool = self.stale_pool
+        members = {CURRENT: client, pool.name: pool.get_client(type(client))}
+        router = PolicyRouter(training_pool(cp.stale_ratio, pool.name), seed=cp.seed, sticky=cp.sticky)
+        return PolicyPoolClient(self.config, members, router, fixed_members=[pool.name] if pool.fixed else [])
+
+    @property
+    def _stale_refreshed(self) -> bool:
+        return self.stale_pool is not None and not self.stale_pool.fixed
 
     def on_init_end(self) -> None:
         super().on_init_end()
-        if self.stale_pool is not None:
+        if self._stale_refreshed:
             self.stale_pool.refresh(self.global_steps)  # start equal to the actor (also after a resume)
 
     def on_step_end(self) -> None:
         super().on_step_end()
-        if self.stale_pool is not None and stale_refresh_due(self.global_steps, self.cross_policy.stale_refresh_steps):
+        if self._stale_refreshed and stale_refresh_due(self.global_steps, self.cross_policy.stale_refresh_steps):
             from verl.utils.debug import marked_timer
 
             with marked_timer("update_stale_weights", self.timing_raw, color="red"):
@@ -200,15 +237,19 @@ class CrossPolicyTrainerMixin:
             metrics.update(self._cross_policy_metrics(batch, global_steps))
 
     def _cross_policy_metrics(self, batch: Any, global_steps: int) -> dict[str, float]:
-        data = batch_fields(batch, "extra_fields", "rm_scores")
+        data = batch_fields(batch, "extra_fields", "rm_scores", "rollout_log_probs")
         extras = data["extra_fields"]
         metrics = cross_policy_metrics(
             [extra.get(TURN_POLICIES_KEY, []) for extra in extras],
             [sum(scores) > 0 for scores in data["rm_scores"]],
-            members=(CURRENT, STALE),
+            members=(CURRENT, self.stale_pool.name),
             turn_versions=[extra.get(TURN_VERSIONS_KEY, []) for extra in extras],
             actor_version=global_steps - 1,  # the weights that generated this step's batch in synchronous mode
+            turn_spans=[extra.get(TURN_SPANS_KEY, []) for extra in extras],
+            response_logprobs=data["rollout_log_probs"],
         )
+        if self.stale_pool.fixed:
+            return metrics  # a fixed model has no weight version
         # After this step's weight updates: the lag is in [0, stale_refresh_steps) (see cross_policy.stale_version).
         metrics["cross_policy/stale_version"] = float(self.stale_pool.version)
         metrics["cross_policy/stale_version_lag"] = float(global_steps - self.stale_pool.version)

@@ -148,6 +148,56 @@ def test_consistent_combinations_pass():
     check_run(load_agentrl({}), _run(**{"actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent"}))
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """The tiny model, a copy with another tokenizer, one whose embedding is too small, a directory without config."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from agentrl_verl.harness.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("fixed_models")
+    actor = build_tiny_model()
+    other = root / "other_tokenizer"
+    shutil.copytree(actor, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<not_in_the_actor>"])
+    tokenizer.save_pretrained(other)
+    small = root / "small_embedding"
+    shutil.copytree(actor, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 1024}))
+    (root / "empty").mkdir()
+    return {"actor": actor, "other": other, "small": small, "empty": root / "empty"}
+
+
+def _fixed(models, name: str, enable: bool = True):
+    return _run({"env": {"url": "http://h"},
+                 "cross_policy": {"enable": enable, "fixed_model_path": str(models[name])}},
+                **{"actor_rollout_ref.model.path": str(models["actor"])})
+
+
+def test_fixed_model_must_be_a_model_directory_with_the_actors_tokenizer(models):
+    with pytest.raises(ConfigError, match=r"fixed_model_path=.*empty is not a Hugging Face model directory"):
+        validate_run_config(_fixed(models, "empty"))
+    with pytest.raises(ConfigError, match=r"fixed_model_path=.*other_tokenizer has another tokenizer than the actor "
+                                          r"\(2049 tokens, the actor's 2048"):
+        validate_run_config(_fixed(models, "other"))
+    with pytest.raises(ConfigError, match="small_embedding has vocab_size 1024 in config.json, fewer than its "
+                                          "tokenizer's 2048 tokens"):
+        validate_run_config(_fixed(models, "small"))
+    # The actor's own model as the fixed member passes, on the naive checkpoint engine too (nothing is synced).
+    assert validate_run_config(_fixed(models, "actor")).cross_policy.fixed_model_path == str(models["actor"])
+
+
+def test_fixed_model_without_cross_policy_is_a_warning(models, caplog):
+    with caplog.at_level("WARNING", logger="agentrl_verl.core.config"):
+        validate_run_config(_fixed(models, "empty", enable=False))  # not checked either: it is not used
+    assert "fixed_model_path has no effect with agentrl.cross_policy.enable=false" in caplog.text
+
+
 def test_driver_writes_the_complete_tree_back_for_the_workers():
     run = _run({"env": {"url": "http://h"}, "agent": {"max_turns": 3}, "task_adv_norm": False})
     OmegaConf.set_struct(run, True)

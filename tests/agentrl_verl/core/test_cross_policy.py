@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from agentrl_verl.core.cross_policy import (
     CURRENT,
+    FIXED,
     STALE,
     PolicyRouter,
     TurnLog,
@@ -90,6 +91,7 @@ def test_router_rejects_bad_pools(probabilities, match):
 
 def test_training_pool_splits_by_stale_ratio():
     assert training_pool(0.25) == {CURRENT: 0.75, STALE: 0.25}
+    assert training_pool(0.25, FIXED) == {CURRENT: 0.75, FIXED: 0.25}
 
 
 def test_turn_log_keeps_each_turns_policy_version_and_tokens():
@@ -173,3 +175,27 @@ def test_metrics_version_lag_per_member():
     assert m["cross_policy/version_lag_mean/current"] == 0.0
     assert m["cross_policy/version_lag_mean/stale"] == pytest.approx((1 + 3) / 2)
     assert m["cross_policy/version_lag_max/stale"] == 3.0
+
+
+def test_fixed_model_turns_count_as_the_second_member_and_have_no_version():
+    log = TurnLog()
+    log.record({"policy": CURRENT, "policy_version": 3}, start=0, num_tokens=2)
+    log.record({"policy": FIXED, "policy_version": None, "global_steps": 0}, start=2, num_tokens=3)
+    fields = log.to_extra_fields()
+    assert fields["turn_policies"] == [CURRENT, FIXED] and fields["turn_versions"] == [3, None]
+    assert fields["stale_turn_share"] == 0.5
+    m = cross_policy_metrics(
+        [fields["turn_policies"], [FIXED]], [True, False], members=[CURRENT, FIXED],
+        turn_versions=[fields["turn_versions"], [None]], actor_version=3,
+        turn_spans=[fields["turn_spans"], [[1, 3]]],
+        response_logprobs=[[-1.0, -2.0, -7.0, -7.0, -7.0], [0.0, -5.0, -6.0]],
+    )
+    assert m["cross_policy/turn_share/fixed"] == pytest.approx(2 / 3)
+    assert m["cross_policy/success_rate/stale_share_0.25-0.5"] == 1.0
+    assert m["cross_policy/success_rate/stale_share_0.75-1"] == 0.0
+    # Behaviour log-prob per member over its own tokens only; no version lag for a member without versions.
+    assert m["cross_policy/logprob_mean/current"] == pytest.approx(-1.5)
+    assert m["cross_policy/logprob_mean/fixed"] == pytest.approx((3 * -7.0 - 5.0 - 6.0) / 5)
+    assert m["cross_policy/version_lag_max/current"] == 0.0
+    assert not [key for key in m if "version" in key and key.endswith(FIXED)]
+    assert not [key for key in cross_policy_metrics([[CURRENT]], [True]) if "logprob" in key]

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 from verl.workers.rollout.replica import TokenOutput
 
-from agentrl_verl.core.cross_policy import CURRENT, STALE, PolicyRouter, TurnLog
+from agentrl_verl.core.cross_policy import CURRENT, FIXED, STALE, PolicyRouter, TurnLog
 from agentrl_verl.core.policy_pool import PolicyPoolClient, stale_pool_config
 
 
@@ -95,6 +95,33 @@ def test_stale_resource_spec():
     stale = stale_pool_config(cfg, num_replicas=3)
     assert (stale.actor_rollout_ref.rollout.nnodes, stale.actor_rollout_ref.rollout.n_gpus_per_node) == (1, 6)
     assert cfg.actor_rollout_ref.rollout.n_gpus_per_node == 8  # the trainer's own config is untouched
+
+
+async def test_fixed_member_turns_carry_no_weight_version():
+    current, fixed = FakeServer(-0.1, version=6), FakeServer(-7.6, version=0)
+    router = PolicyRouter({CURRENT: 0.5, FIXED: 0.5})
+    client = PolicyPoolClient(OmegaConf.create({}), {CURRENT: current, FIXED: fixed}, router, fixed_members=[FIXED])
+    logs = await asyncio.gather(*[_episode(client, f"t{i}", turns=4) for i in range(10)])
+    assert current.calls and fixed.calls
+    for log, _, _ in logs:
+        assert log.versions == [None if p == FIXED else 6 for p in log.policies]
+
+
+def test_fixed_model_spec_loads_its_own_weights():
+    cfg = OmegaConf.create({
+        "actor_rollout_ref": {
+            "model": {"path": "/actor", "hf_config_path": "/actor", "tokenizer_path": "/actor/tok"},
+            "rollout": {"tensor_model_parallel_size": 1, "data_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                        "nnodes": 0, "n_gpus_per_node": 2, "load_format": "dummy"},
+        }
+    })
+    OmegaConf.set_struct(cfg, True)
+    fixed = stale_pool_config(cfg, num_replicas=1, model_path="/other")
+    # Everything the replica reads comes from the fixed model, and real weights are loaded (not verl's dummy init).
+    assert dict(fixed.actor_rollout_ref.model) == {"path": "/other", "hf_config_path": None, "tokenizer_path": None}
+    assert fixed.actor_rollout_ref.rollout.load_format == "auto"
+    assert cfg.actor_rollout_ref.model.path == "/actor" and cfg.actor_rollout_ref.rollout.load_format == "dummy"
+    assert stale_pool_config(cfg, num_replicas=1).actor_rollout_ref.model == cfg.actor_rollout_ref.model
 
 
 # ---- the real agentrl_agent loop over a pool of two scripted servers ---------------------------------------

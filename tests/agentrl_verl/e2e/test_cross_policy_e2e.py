@@ -7,6 +7,7 @@ own Ray cluster; per-step metrics come from verl's ``file`` logger (JSON lines).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,48 @@ def test_ratio_zero_is_the_run_without_the_feature(workdir, env_url, run):
         scale = off[0]["actor/grad_norm"]
         for key in ("actor/grad_norm", "actor/pg_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-3 * scale), key
+
+
+# ---- training with a fixed other model as the pool's second member -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def uniform_model(tmp_path_factory) -> tuple[Path, int]:
+    """The tiny model with its output layer zeroed (tied to the embedding): every logit is 0, so every token it
+    samples has log-prob exactly -log(vocab size). Returns its directory and vocab size."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = build_tiny_model()
+    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype="float32")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.zero_()
+    path = tmp_path_factory.mktemp("tiny_uniform")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    return path, model.config.vocab_size
+
+
+def test_fixed_model_serves_turns_with_its_own_logprobs_and_is_never_synced(workdir, env_url, run, uniform_model):
+    path, vocab_size = uniform_model
+    # The naive checkpoint engine: nothing reaches the fixed replica, which loads its weights from the path.
+    steps = run(workdir, env_url, "fixed", "+agentrl.cross_policy.enable=true",
+                f"+agentrl.cross_policy.fixed_model_path={path}", "+agentrl.cross_policy.stale_ratio=0.5",
+                "ray_kwargs.ray_init.num_gpus=2", "trainer.total_training_steps=3")
+    assert len(steps) == 3
+    assert any(m["actor/grad_norm"] > 0 for m in steps)  # the actor moves; the fixed model must not
+    uniform = -math.log(vocab_size)
+    for step, m in enumerate(steps, start=1):
+        assert 0 < m["cross_policy/turn_share/fixed"] < 1, m
+        assert m["cross_policy/mixed_trajectory_share"] > 0
+        # Every behaviour log-prob of the fixed member's turns is the uniform model's, at every step.
+        assert m["cross_policy/logprob_mean/fixed"] == pytest.approx(uniform, abs=1e-5), step
+        # No stale member, no weight sync, and no weight version for the fixed model.
+        assert not [key for key in m if key.endswith("/stale") or "stale_version" in key], step
+        assert not [key for key in m if "version_lag" in key and key.endswith("/fixed")], step
+        assert "timing_s/update_stale_weights" not in m
+    # The current policy's turns are not the uniform model's.
+    assert any(abs(m["cross_policy/logprob_mean/current"] - uniform) > 1e-4 for m in steps)
 
 
 # ---- evaluation: two different models behind OpenAI-compatible endpoints, mixed per turn -------------------
