@@ -26,7 +26,6 @@ import difflib
 import functools
 import json
 import logging
-import os
 import threading
 import typing
 import weakref
@@ -432,7 +431,7 @@ def _fixed_model_problems(path: str, actor_tokenizer: str | None, trust_remote_c
     problems = []
     if actor_tokenizer is not None:
         actor_vocab = AutoTokenizer.from_pretrained(
-            os.path.expanduser(actor_tokenizer), trust_remote_code=trust_remote_code).get_vocab()
+            Path(actor_tokenizer).expanduser(), trust_remote_code=trust_remote_code).get_vocab()
         if vocab != actor_vocab:
             problems.append(f"{key} has another tokenizer than the actor ({len(vocab)} tokens, the actor's "
                             f"{len(actor_vocab)}, or other ids): the pool exchanges token ids, so give a model that "
