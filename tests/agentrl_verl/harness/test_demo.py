@@ -163,6 +163,26 @@ def test_torch_threads_wait_passively_in_processes_that_import_the_package():
     assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy PASSIVE"]
 
 
+@pytest.mark.parametrize("given", [None, "0"])
+def test_only_the_importing_process_spins_briefly_unless_the_user_says(given):
+    # The spin count torch loads with, and what the processes started afterwards inherit.
+    code = ("import os, subprocess, sys\n"
+            "class Spy:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            print('loaded with', os.environ.get('GOMP_SPINCOUNT'))\n"
+            "sys.meta_path.insert(0, Spy())\n"
+            "import agentrl_verl\n"
+            "child = 'import os; print(\"child\", os.environ.get(\"GOMP_SPINCOUNT\"))'\n"
+            "subprocess.run([sys.executable, '-c', child])\n")
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    lines = [line for line in out.splitlines() if line.startswith(("loaded with", "child"))]
+    assert lines == [f"loaded with {given or 20000}", f"child {given}"]
+
+
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
     """A stand-in for main_ppo: writes verl's metrics file as told and prints step lines (and a child process)."""
     script = tmp_path / "fake_main_ppo.py"
