@@ -360,10 +360,7 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
         logger.info("%s seed %d: done before, kept", arm, seed)
         return saved
     spec = arms()[arm] if arm not in UNTRAINED else Arm(FAMILIES)
-    if spec.fixed_model:
-        # The model's path is the bench's, not the arm's: run_settings records its name.
-        spec = dataclasses.replace(spec, overrides=(*spec.overrides,
-                                                    f"agentrl.cross_policy.fixed_model_path={fixed}"))
+    spec = dataclasses.replace(spec, overrides=arm_overrides(spec, fixed))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "env_logs").mkdir(exist_ok=True)
     with EnvStack(stack_config(config.tasks), log_dir=folder / "env_logs", startup_timeout=180) as stack:
@@ -384,6 +381,15 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     logger.info("%s seed %d: held-out success %s", arm, seed,
                 ", ".join(f"{f} {v['success']:.3f}" for f, v in record["held_out"].items()))
     return record
+
+
+def arm_overrides(spec: Arm, fixed: Path | None) -> tuple[str, ...]:
+    """The arm's Hydra overrides of the RL preset, with the fixed pool model where the arm uses it (the model's path is
+    the bench's, not the arm's: :func:`run_settings` records its name)."""
+    if not spec.fixed_model:
+        return spec.overrides
+    # ++: the demo preset's agentrl.cross_policy has no such key, and Hydra refuses a plain override of a missing one.
+    return (*spec.overrides, f"++agentrl.cross_policy.fixed_model_path={fixed}")
 
 
 def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: Path, model: Path,
@@ -490,6 +496,29 @@ def arm_statistics(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     return stats
 
 
+def paired_differences(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per pair of multi-task arms (``A - B``, in the order of :func:`arms`) evaluated on two seeds or more in common:
+    per family and for the mean over families, the mean over those seeds of A's held-out success minus B's and its
+    standard error, and the seeds. A seed sets the same prompts and data order in every arm, so pairing by seed takes
+    that share of the spread out."""
+    success = {(r["arm"], r["seed"]): r["held_out"] for r in records
+               if r["arm"] in arms() and set(r.get("held_out", {})) == set(FAMILIES)}
+    multi = [arm for arm, spec in arms().items() if spec.families == FAMILIES and any(a == arm for a, _ in success)]
+
+    def value(arm: str, seed: int, key: str) -> float:
+        held = success[arm, seed]
+        return sum(held[f]["success"] for f in FAMILIES) / len(FAMILIES) if key == "mean" else held[key]["success"]
+
+    out = {}
+    for i, first in enumerate(multi):
+        for second in multi[i + 1:]:
+            seeds = sorted({s for a, s in success if a == first} & {s for a, s in success if a == second})
+            if len(seeds) >= 2:
+                out[f"{first} - {second}"] = {"seeds": seeds, **{key: mean_and_se(
+                    [value(first, s, key) - value(second, s, key) for s in seeds]) for key in (*FAMILIES, "mean")}}
+    return out
+
+
 def binomial_se(p: float, n: int) -> float:
     """Standard error of a success rate ``p`` measured on ``n`` episodes."""
     return math.sqrt(p * (1 - p) / n) if n else math.nan
@@ -551,6 +580,14 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
                       f"(binomial standard error at most {worst:.3f} in any run). `specialists`: each single-task "
                       "arm on its own family (the paper's single-task comparison); a single-task arm's other "
                       "families show what training on one family does to the others."]
+    pairs = paired_differences(records)
+    if pairs:
+        lines += ["", "Paired by seed: the difference of two arms' held-out success on each seed they share, mean +- "
+                      "standard error over those seeds:", "",
+                  f"| arms | seeds | {' | '.join(FAMILIES)} | mean |", "| --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+        for name, row in pairs.items():
+            cells = " | ".join(f"{row[key][0]:+.3f} +- {row[key][1]:.3f}" for key in (*FAMILIES, "mean"))
+            lines.append(f"| {name} | {len(row['seeds'])} | {cells} |")
     lines += ["", "## The families", "", *family_table(records), "",
               "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
               "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
@@ -657,7 +694,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = load_runs(workdir)
     stats = arm_statistics(records)
     settings = describe(records)
-    (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records},
+    (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats,
+                                                      "paired": paired_differences(records), "runs": records},
                                                      indent=2))
     (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
     try:

@@ -173,6 +173,26 @@ def test_arm_statistics_over_seeds_and_the_specialists_row():
     assert stats["single_kg"]["mean"] == pytest.approx((0.55 / 3, 0.05 / 3))
 
 
+def test_paired_differences_pair_the_multi_task_arms_by_their_common_seeds():
+    records = [_record(START, 0, {"calc": 0.4, "kg": 0.2, "webshop": 0.3}),
+               _record("full", 0, {"calc": 0.6, "kg": 0.3, "webshop": 0.3}),
+               _record("full", 1, {"calc": 0.4, "kg": 0.3, "webshop": 0.5}),
+               _record("full", 2, {"calc": 0.9, "kg": 0.9, "webshop": 0.9}),  # no partner
+               _record("no_cross_policy", 0, {"calc": 0.5, "kg": 0.3, "webshop": 0.1}),
+               _record("no_cross_policy", 1, {"calc": 0.5, "kg": 0.3, "webshop": 0.2}),
+               _record("no_task_norm", 0, {"calc": 0.5, "kg": 0.3, "webshop": 0.1}),  # one seed: no pair
+               _record("single_calc", 0, {"calc": 0.9, "kg": 0.0, "webshop": 0.0}),
+               _record("single_calc", 1, {"calc": 0.9, "kg": 0.0, "webshop": 0.0})]
+    pairs = ablation.paired_differences(records)
+    assert list(pairs) == ["full - no_cross_policy"]
+    row = pairs["full - no_cross_policy"]
+    assert row["seeds"] == [0, 1] and row["calc"] == pytest.approx((0.0, 0.1)) and row["kg"] == pytest.approx((0, 0))
+    assert row["webshop"] == pytest.approx((0.25, 0.05)) and row["mean"] == pytest.approx((0.25 / 3, 0.05 / 3))
+    text = summary_markdown(records, arm_statistics(records), describe(records))
+    assert ("| full - no_cross_policy | 2 | +0.000 +- 0.100 | +0.000 +- 0.000 | +0.250 +- 0.050 | +0.083 +- 0.017 |"
+            in text)
+
+
 def test_no_specialists_row_without_every_single_task_arm():
     records = [_record("single_calc", 0, {"calc": 0.6, "kg": 0.0, "webshop": 0.0})]
     assert "specialists" not in arm_statistics(records)
@@ -368,7 +388,7 @@ def test_the_fixed_pool_arm_trains_with_the_fixed_model_in_the_pool_and_evaluate
     for arm, seed in jobs(args):
         run_one(args, arm, seed, run_folder(tmp_path, arm, seed), model, workload(), fixed)
     assert no_verl["evaluate"] == ["warmup-abc", "warmup-def", "huggingface", "huggingface"]
-    assert overrides == [(), (f"agentrl.cross_policy.fixed_model_path={fixed}",)]
+    assert overrides == [(), (f"++agentrl.cross_policy.fixed_model_path={fixed}",)]
     settings = {r["arm"]: r["settings"] for r in load_runs(tmp_path)}
     assert settings[FIXED]["fixed_model"] == settings["fixed_pool"]["fixed_model"] == "warmup-def"
     assert "fixed_model" not in settings["full"] and settings[FIXED]["steps"] == 0
@@ -378,6 +398,16 @@ def test_the_fixed_pool_arm_trains_with_the_fixed_model_in_the_pool_and_evaluate
     stats = arm_statistics(load_runs(tmp_path))
     assert list(stats) == [START, FIXED, "full", "fixed_pool"]
     assert "fixed pool model warmup-def;" in describe(load_runs(tmp_path))
+
+
+def test_the_fixed_pool_arm_overrides_compose_with_the_rl_preset(tmp_path):
+    from agentrl_verl.harness.demo import RLSpec, _rl_preset_values
+
+    overrides = ablation.arm_overrides(arms()["fixed_pool"], tmp_path / "warmup-def")
+    preset = _rl_preset_values(RLSpec(overrides=[*workload().rl.overrides, *overrides]))
+    assert preset.agentrl.cross_policy.fixed_model_path == str(tmp_path / "warmup-def")
+    assert preset.agentrl.cross_policy.enable
+    assert ablation.arm_overrides(arms()["no_cross_policy"], None) == ("agentrl.cross_policy.enable=false",)
 
 
 def test_run_children_hand_the_fixed_model_to_every_child(tmp_path, monkeypatch):
