@@ -8,17 +8,20 @@ asynchronous trainer, cross-policy sampling), for the same number of steps of th
 trained trajectories), in one of these arms (:func:`arms`):
 
 - ``full``: everything on;
+- ``fixed_pool``: everything on, the cross-policy pool's second member a fixed other model instead of the stale copy
+  (``agentrl.cross_policy.fixed_model_path``; ``--fixed-model``, by default the same warm-up on another data order);
 - ``no_task_norm``: ``agentrl.task_adv_norm=off`` (group advantages only);
 - ``no_cross_policy``: ``agentrl.cross_policy.enable=false``;
 - ``single_<family>``: that family's prompts only, everything on.
 
 After training, each run's final model plays the first ``--eval-size`` held-out indices of every family (never
-demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model is
-evaluated once the same way. ``--seeds`` repeats every arm (the seed sets the data order and which prompts are
-drawn). ``summary.md`` holds the paper's table (rows arms, columns families and their mean, each cell held-out
-success +- its standard error over seeds), what differs between the families, each arm's training, and cross-policy
-sampling (trajectories with stale turns and their success, the updates' clip fraction and KL); with ``summary.json``
-and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
+demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model
+(and with ``fixed_pool`` the fixed model, record ``fixed``) is evaluated once the same way. ``--seeds`` repeats every
+arm (the seed sets the data order and which prompts are drawn). ``summary.md`` holds the paper's table (rows arms,
+columns families and their mean, each cell held-out success +- its standard error over seeds), what differs between
+the families, each arm's training, and cross-policy sampling (the pool's second member, its share of the turns, each
+member's log-probs, trajectories with its turns and their success, the updates' clip fraction and KL); with
+``summary.json`` and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
 families and its standard error over seeds.
 
 Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after its training and again after its
@@ -45,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.core.cross_policy import SHARE_BINS
+from agentrl_verl.core.cross_policy import CURRENT, FIXED, SHARE_BINS, STALE
 from agentrl_verl.harness.demo import (
     DemoConfig,
     RLSpec,
@@ -72,6 +75,10 @@ HELD_OUT = 100
 """The first indices of each family: evaluated, never demonstrated or trained on (``--eval-size`` plays a prefix)."""
 START = "start"
 """The record name of the start model's evaluation (no training)."""
+UNTRAINED = (START, FIXED)
+"""Records of a model's evaluation without training: the start model's and the fixed pool model's (``fixed``)."""
+FIXED_WARMUP_SEED = 1
+"""``warmup.seed`` of the default fixed pool model: the start model's warm-up on another order of its demonstrations."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +87,16 @@ class Arm:
 
     families: tuple[str, ...]
     overrides: tuple[str, ...] = ()
+    fixed_model: bool = False
+    """The cross-policy pool's second member is the fixed model (``--fixed-model``) instead of the stale copy."""
 
 
 def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
-    """The arms, by name: ``full``, ``no_task_norm``, ``no_cross_policy`` and ``single_<family>`` for each family."""
+    """The arms, by name: ``full``, ``fixed_pool``, ``no_task_norm``, ``no_cross_policy`` and ``single_<family>`` for
+    each family."""
     every = tuple(families)
-    return {"full": Arm(every), "no_task_norm": Arm(every, ("agentrl.task_adv_norm=off",)),
+    return {"full": Arm(every), "fixed_pool": Arm(every, fixed_model=True),
+            "no_task_norm": Arm(every, ("agentrl.task_adv_norm=off",)),
             "no_cross_policy": Arm(every, ("agentrl.cross_policy.enable=false",)),
             **{f"single_{family}": Arm((family,)) for family in families}}
 
@@ -104,8 +115,9 @@ def workload() -> DemoConfig:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # START is a child's job (the start model's evaluation), which every bench runs once anyway.
-    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=[*arms(), START], help="arms to run")
+    # START and FIXED are a child's jobs (an untrained model's evaluation), which a bench runs once anyway.
+    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=[*arms(), *UNTRAINED],
+                        help="arms to run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of every arm per seed")
     parser.add_argument("--steps", type=int, default=12, help="training steps of every run")
     parser.add_argument("--batch", type=int, default=None,
@@ -120,6 +132,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "another's cores")
     parser.add_argument("--model", default=None,
                         help="start model used as is (default: the cached warm-up on the three families)")
+    parser.add_argument("--fixed-model", default=None,
+                        help="the fixed_pool arm's pool model, used as is (default: the start model's warm-up with "
+                             f"warmup.seed={FIXED_WARMUP_SEED}, cached the same way)")
     parser.add_argument("--base", default=None,
                         help="tiny model the warm-up starts from (default: the one built here, cached)")
     parser.add_argument("--out", default=None, help="folder of the runs and the summary (default: a temporary)")
@@ -196,6 +211,18 @@ def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
     return target
 
 
+def fixed_warmup(config: DemoConfig) -> DemoConfig:
+    """The default fixed pool model's settings: the start model's warm-up with ``warmup.seed``
+    :data:`FIXED_WARMUP_SEED` (same base, tokenizer and demonstrations, another order: another model of the same
+    kind)."""
+    return dataclasses.replace(config, warmup=dataclasses.replace(config.warmup, seed=FIXED_WARMUP_SEED))
+
+
+def uses_fixed_model(names: Sequence[str]) -> bool:
+    """Whether any of the arms ``names`` needs the fixed pool model (``fixed_pool``, or its evaluation)."""
+    return any(name == FIXED or (name in arms() and arms()[name].fixed_model) for name in names)
+
+
 def split(indices: dict[str, list[Any]], tasks: Sequence[TaskSpec]) -> tuple[dict[str, list], dict[str, list]]:
     """Each task's indices cut into held-out (its first ``held_out``) and training (the rest), as the demo does."""
     return ({t.name: indices[t.name][: t.held_out] for t in tasks},
@@ -210,12 +237,16 @@ def sessions(tasks: Sequence[TaskSpec]) -> dict[str, int]:
 # ---- one run ------------------------------------------------------------------------------------------
 
 
-def run_settings(args: argparse.Namespace, arm: str, model: Path) -> dict[str, Any]:
-    """What a run depends on besides its seed; a ``run.json`` made with other settings is not resumed."""
-    spec = arms()[arm] if arm != START else Arm(FAMILIES)
-    return {"arm": arm, "families": list(spec.families), "steps": 0 if arm == START else args.steps,
-            "batch": args.batch, "n": args.n, "arm_overrides": list(spec.overrides), "overrides": args.override,
-            "model": model.name}
+def run_settings(args: argparse.Namespace, arm: str, model: Path, fixed: Path | None = None) -> dict[str, Any]:
+    """What a run depends on besides its seed; a ``run.json`` made with other settings is not resumed. ``fixed``:
+    the fixed pool model, recorded where the arm uses it."""
+    spec = arms()[arm] if arm not in UNTRAINED else Arm(FAMILIES)
+    settings = {"arm": arm, "families": list(spec.families), "steps": 0 if arm in UNTRAINED else args.steps,
+                "batch": args.batch, "n": args.n, "arm_overrides": list(spec.overrides), "overrides": args.override,
+                "model": model.name}
+    if arm == FIXED or spec.fixed_model:
+        settings["fixed_model"] = fixed.name
+    return settings
 
 
 def run_done(record: dict[str, Any] | None, eval_size: int) -> bool:
@@ -251,8 +282,10 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
     """A run's training from verl's per-step metrics (``metrics.jsonl`` rows): training time (the last step's
     checkpoint save left out), trajectories, per family its trajectories and per-step reward and success, the mean
     clip fraction and KL of the actor's updates (``off_policy``), and with cross-policy sampling (``cross_policy``,
-    else None) the mean share of trajectories with stale turns, of stale turns and the stale weights' lag, and per
-    bin of the stale share (:data:`STALE_SHARES`) the trajectories and their success."""
+    else None) the pool's second member (``stale`` or ``fixed``), the mean share of trajectories with its turns, of
+    its turns and the stale weights' lag (None for a fixed model), each member's mean behaviour log-prob per
+    generated token (``logprob``), and per bin of the second member's share (:data:`STALE_SHARES`) the trajectories
+    and their success."""
     steps = [row["data"] for row in sorted(history, key=lambda row: row["step"])]
 
     def mean(name: str) -> float | None:
@@ -276,6 +309,7 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
             "trajectories": sum(float(m.get(f"agentrl/{family}/episodes", 0.0)) for m in steps),
             **{name: series(name) for name in ("reward", "success_rate", "generated_tokens", "env_tokens", "turns")},
         }
+    member = FIXED if any(f"cross_policy/turn_share/{FIXED}" in m for m in steps) else STALE
     return {
         "steps": len(steps),
         "train_s": sum(float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps),
@@ -283,8 +317,10 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
         "families": per_family,
         "off_policy": {"clip_fraction": mean("actor/pg_clipfrac"), "kl": mean("actor/ppo_kl")},
         "cross_policy": None if mean("cross_policy/mixed_trajectory_share") is None else {
-            "mixed_share": mean("cross_policy/mixed_trajectory_share"),
-            "stale_turns": mean("cross_policy/turn_share/stale"), "stale_lag": mean("cross_policy/stale_version_lag"),
+            "member": member, "mixed_share": mean("cross_policy/mixed_trajectory_share"),
+            "stale_turns": mean(f"cross_policy/turn_share/{member}"),
+            "stale_lag": mean("cross_policy/stale_version_lag"),
+            "logprob": {name: mean(f"cross_policy/logprob_mean/{name}") for name in (CURRENT, member)},
             "by_stale_share": shares},
     }
 
@@ -313,22 +349,24 @@ def episode_stats(episodes: Sequence[dict[str, Any]]) -> dict[str, float]:
             "turns": sum(e["turns"] for e in episodes) / n, "episodes": len(episodes)}
 
 
-def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: Path, config: DemoConfig
-            ) -> dict[str, Any]:
-    """One run, resumed from ``folder``: trained (unless :data:`START`, or trained before and its model is still
-    there), then evaluated; ``run.json`` is written after each. Returns its record."""
-    settings = run_settings(args, arm, model)
+def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: Path, config: DemoConfig,
+            fixed: Path | None = None) -> dict[str, Any]:
+    """One run, resumed from ``folder``: trained (unless one of :data:`UNTRAINED`, or trained before and its model is
+    still there), then evaluated; ``run.json`` is written after each. ``fixed``: the fixed pool model (of the arms
+    that use it). Returns its record."""
+    settings = run_settings(args, arm, model, fixed)
     saved = saved_record(folder / "run.json", settings)
     if run_done(saved, args.eval_size):
         logger.info("%s seed %d: done before, kept", arm, seed)
         return saved
-    spec = arms()[arm] if arm != START else Arm(FAMILIES)
+    spec = arms()[arm] if arm not in UNTRAINED else Arm(FAMILIES)
+    spec = dataclasses.replace(spec, overrides=arm_overrides(spec, fixed))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "env_logs").mkdir(exist_ok=True)
     with EnvStack(stack_config(config.tasks), log_dir=folder / "env_logs", startup_timeout=180) as stack:
         held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
-        if arm == START:
-            final, record = model, {"arm": arm, "seed": seed, "settings": settings}
+        if arm in UNTRAINED:
+            final, record = model if arm == START else fixed, {"arm": arm, "seed": seed, "settings": settings}
         elif saved is not None and Path(saved["model"], "config.json").exists():
             logger.info("%s seed %d: trained before, evaluating its model", arm, seed)
             final, record = Path(saved["model"]), saved
@@ -343,6 +381,15 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     logger.info("%s seed %d: held-out success %s", arm, seed,
                 ", ".join(f"{f} {v['success']:.3f}" for f, v in record["held_out"].items()))
     return record
+
+
+def arm_overrides(spec: Arm, fixed: Path | None) -> tuple[str, ...]:
+    """The arm's Hydra overrides of the RL preset, with the fixed pool model where the arm uses it (the model's path is
+    the bench's, not the arm's: :func:`run_settings` records its name)."""
+    if not spec.fixed_model:
+        return spec.overrides
+    # ++: the demo preset's agentrl.cross_policy has no such key, and Hydra refuses a plain override of a missing one.
+    return (*spec.overrides, f"++agentrl.cross_policy.fixed_model_path={fixed}")
 
 
 def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: Path, model: Path,
@@ -376,19 +423,23 @@ def _read_metrics(folder: Path) -> list[dict[str, Any]]:
 
 
 def jobs(args: argparse.Namespace) -> list[tuple[str, int]]:
-    """``(arm, seed)`` of every run, the start model's evaluation first (seed 0: it does not train)."""
-    return [(START, 0)] + [(arm, seed) for seed in args.seeds for arm in args.arms if arm != START]
+    """``(arm, seed)`` of every run, the untrained models' evaluations first (the start model's, and the fixed pool
+    model's where an arm uses it; seed 0: they do not train)."""
+    untrained = [START, *([FIXED] if uses_fixed_model(args.arms) else [])]
+    return [(arm, 0) for arm in untrained] + [(arm, seed) for seed in args.seeds for arm in args.arms
+                                              if arm not in UNTRAINED]
 
 
 def run_folder(workdir: Path, arm: str, seed: int) -> Path:
-    return workdir / arm if arm == START else workdir / arm / f"seed_{seed}"
+    return workdir / arm if arm in UNTRAINED else workdir / arm / f"seed_{seed}"
 
 
-def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path) -> None:
+def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, model: Path,
+                 fixed: Path | None = None) -> None:
     """Run every job not done yet under ``workdir`` in its own process, ``--parallel`` at once. A child gets this
-    command line with its own ``--arms``, ``--seeds``, ``--out`` and ``--model`` (the last occurrence of an option
-    wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs (:func:`cpu_shares`), handed to the next run when
-    it ends.
+    command line with its own ``--arms``, ``--seeds``, ``--out``, ``--model`` and ``--fixed-model`` (the last
+    occurrence of an option wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs (:func:`cpu_shares`),
+    handed to the next run when it ends.
 
     Raises:
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).
@@ -396,11 +447,12 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
     commands = {}
     for arm, seed in jobs(args):
         folder = run_folder(workdir, arm, seed)
-        if run_done(saved_record(folder / "run.json", run_settings(args, arm, model)), args.eval_size):
+        if run_done(saved_record(folder / "run.json", run_settings(args, arm, model, fixed)), args.eval_size):
             continue
         folder.mkdir(parents=True, exist_ok=True)
         commands[f"{arm} seed {seed}"] = ([sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds",
-                                           str(seed), "--out", str(workdir), "--model", str(model), "--parallel", "1",
+                                           str(seed), "--out", str(workdir), "--model", str(model),
+                                           *(["--fixed-model", str(fixed)] if fixed else []), "--parallel", "1",
                                            "--child"], folder / "bench.log")
     failed = run_processes(commands, args.parallel, args.pin, stop_s=40)
     if failed:
@@ -420,7 +472,7 @@ def arm_statistics(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     mean held-out success over seeds and its standard error, and the seeds; plus ``specialists`` (each
     ``single_<family>`` arm on its own family) when every single-task arm was evaluated. Records without an evaluation
     are left out."""
-    order = [START, *arms()]
+    order = [*UNTRAINED, *arms()]
     evaluated = [r for r in records if set(r.get("held_out", {})) == set(FAMILIES)]
     stats: dict[str, dict[str, Any]] = {}
     for arm in sorted({r["arm"] for r in evaluated}, key=order.index):
@@ -442,6 +494,29 @@ def arm_statistics(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
                                    / len(FAMILIES) for s in seeds]) if seeds else (math.nan, math.nan)
         stats["specialists"] = row
     return stats
+
+
+def paired_differences(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per pair of multi-task arms (``A - B``, in the order of :func:`arms`) evaluated on two seeds or more in common:
+    per family and for the mean over families, the mean over those seeds of A's held-out success minus B's and its
+    standard error, and the seeds. A seed sets the same prompts and data order in every arm, so pairing by seed takes
+    that share of the spread out."""
+    success = {(r["arm"], r["seed"]): r["held_out"] for r in records
+               if r["arm"] in arms() and set(r.get("held_out", {})) == set(FAMILIES)}
+    multi = [arm for arm, spec in arms().items() if spec.families == FAMILIES and any(a == arm for a, _ in success)]
+
+    def value(arm: str, seed: int, key: str) -> float:
+        held = success[arm, seed]
+        return sum(held[f]["success"] for f in FAMILIES) / len(FAMILIES) if key == "mean" else held[key]["success"]
+
+    out = {}
+    for i, first in enumerate(multi):
+        for second in multi[i + 1:]:
+            seeds = sorted({s for a, s in success if a == first} & {s for a, s in success if a == second})
+            if len(seeds) >= 2:
+                out[f"{first} - {second}"] = {"seeds": seeds, **{key: mean_and_se(
+                    [value(first, s, key) - value(second, s, key) for s in seeds]) for key in (*FAMILIES, "mean")}}
+    return out
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -475,12 +550,14 @@ def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def describe(records: Sequence[dict[str, Any]]) -> str:
     """The runs' settings in a sentence (from their records, so that ``--report`` states what ran)."""
-    trained = [r["settings"] for r in records if r["arm"] != START]
+    trained = [r["settings"] for r in records if r["arm"] not in UNTRAINED]
     if not trained:
         return "No training run yet."
     s = trained[0]
     sizes = sorted({str(r["eval_size"]) for r in records if "eval_size" in r})
-    return (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings), start model {s['model']}; "
+    fixed = sorted({r["settings"]["fixed_model"] for r in records if "fixed_model" in r["settings"]})
+    return (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings), start model {s['model']}"
+            f"{''.join(f', fixed pool model {name}' for name in fixed)}; "
             f"{s['steps']} steps of {s['batch'] or 'the preset'} groups x {s['n'] or 'the preset'} trajectories per "
             f"run; held-out {' / '.join(sizes) or '-'} sampled episodes per family per model; extra overrides "
             f"{s['overrides'] or 'none'}.")
@@ -503,6 +580,14 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
                       f"(binomial standard error at most {worst:.3f} in any run). `specialists`: each single-task "
                       "arm on its own family (the paper's single-task comparison); a single-task arm's other "
                       "families show what training on one family does to the others."]
+    pairs = paired_differences(records)
+    if pairs:
+        lines += ["", "Paired by seed: the difference of two arms' held-out success on each seed they share, mean +- "
+                      "standard error over those seeds:", "",
+                  f"| arms | seeds | {' | '.join(FAMILIES)} | mean |", "| --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+        for name, row in pairs.items():
+            cells = " | ".join(f"{row[key][0]:+.3f} +- {row[key][1]:.3f}" for key in (*FAMILIES, "mean"))
+            lines.append(f"| {name} | {len(row['seeds'])} | {cells} |")
     lines += ["", "## The families", "", *family_table(records), "",
               "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
               "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
@@ -517,14 +602,18 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
 
 def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
     """Cross-policy sampling and the updates' off-policyness (Markdown): per trained run, the mean clip fraction and
-    KL of its updates and, with cross-policy sampling, the share of trajectories with stale turns, of stale turns and
-    the stale weights' lag (steps), and training success (trajectories) per bin of a trajectory's stale share."""
+    KL of its updates and, with cross-policy sampling, the pool's second member (``stale`` copy or ``fixed`` model),
+    the share of trajectories with its turns, of its turns, the stale weights' lag (steps), each member's mean
+    behaviour log-prob per generated token, and training success (trajectories) per bin of a trajectory's share of
+    the second member's turns."""
     lines = ["## Cross-policy sampling", "",
-             "Per training step, means over the run; training success (trajectories) by the share of a trajectory's "
-             "turns that the stale weights generated.", "",
-             "| arm | seed | clip fraction | KL | with stale turns | stale turns | stale lag | "
-             + " | ".join(f"stale share {label}" for label in STALE_SHARES) + " |",
-             "| --- | --- |" + " --- |" * (5 + len(STALE_SHARES))]
+             "Per training step, means over the run; the pool's second member (`stale`: the actor's weights of a few "
+             "steps before; `fixed`: the fixed model), its share of the turns, the mean log-prob of the tokens each "
+             "member generated (behaviour log-probs), and training success (trajectories) by the share of a "
+             "trajectory's turns that the second member generated (`stale share`).", "",
+             "| arm | seed | clip fraction | KL | member | with its turns | its turns | stale lag | logprob current "
+             "| logprob member | " + " | ".join(f"stale share {label}" for label in STALE_SHARES) + " |",
+             "| --- | --- |" + " --- |" * (8 + len(STALE_SHARES))]
 
     def number(value: float | None, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
@@ -533,9 +622,12 @@ def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
         off, cross = r["train"].get("off_policy", {}), r["train"].get("cross_policy")
         cells = [number(off.get("clip_fraction"), 4), number(off.get("kl"), 4)]
         if cross is None:
-            cells += ["-"] * (3 + len(STALE_SHARES))
+            cells += ["-"] * (6 + len(STALE_SHARES))
         else:
-            cells += [number(cross["mixed_share"], 2), number(cross["stale_turns"], 2), number(cross["stale_lag"], 1)]
+            # Records of an earlier bench have no member or log-probs: their member is the stale copy.
+            member, logprob = cross.get("member", STALE), cross.get("logprob", {})
+            cells += [member, number(cross["mixed_share"], 2), number(cross["stale_turns"], 2),
+                      number(cross["stale_lag"], 1), number(logprob.get(CURRENT), 3), number(logprob.get(member), 3)]
             cells += ["-" if not b["trajectories"] else f"{b['success']:.2f} ({b['trajectories']:.0f})"
                       for b in (cross["by_stale_share"][label] for label in STALE_SHARES)]
         lines.append(f"| {r['arm']} | {r['seed']} | {' | '.join(cells)} |")
@@ -584,20 +676,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report:
         config = workload()
         # Resolved: each verl run works in its own folder.
-        model = Path(args.model).resolve() if args.model else warmed_up_model(config, args.base and Path(args.base))
+        base = args.base and Path(args.base)
+        model = Path(args.model).resolve() if args.model else warmed_up_model(config, base)
+        fixed = None
+        if uses_fixed_model(args.arms):
+            fixed = (Path(args.fixed_model).resolve() if args.fixed_model
+                     else warmed_up_model(fixed_warmup(config), base))
         if child:
             (arm, seed), = [(a, s) for a in args.arms for s in args.seeds]
-            run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
+            run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config, fixed)
             return 0
         if args.parallel > 1:
-            run_children(args, [a for a in argv if a != "--child"], workdir, model)
+            run_children(args, [a for a in argv if a != "--child"], workdir, model, fixed)
         else:
             for arm, seed in jobs(args):
-                run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config)
+                run_one(args, arm, seed, run_folder(workdir, arm, seed), model, config, fixed)
     records = load_runs(workdir)
     stats = arm_statistics(records)
     settings = describe(records)
-    (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records},
+    (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats,
+                                                      "paired": paired_differences(records), "runs": records},
                                                      indent=2))
     (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
     try:

@@ -2,7 +2,9 @@
 # bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
 # every run at once, OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (the warm-up built here, carried), or
 # BASE=DIR (the tiny model built here, carried: that machine has no alfworld, so it would build another tokenizer), from
-# which the warm-up is built there first on 16 threads (3.5 min) and brought back in $OUT/warmup.tgz.
+# which the warm-up is built there first on 16 threads (3.5 min), and beside it the fixed_pool arm's default fixed
+# model (the same warm-up with warmup.seed 1), both brought back in $OUT/warmup.tgz. FIXED=DIR: the fixed_pool arm's
+# model (--fixed-model); with MODEL and no FIXED the bench builds its default itself, on the bench's 2 threads.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
 #                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
@@ -21,7 +23,7 @@ WORK=/tmp/ablation
 LOGS=$WORK/device
 mkdir -p "$OUT" "$LOGS"
 source bench/device_env.sh
-for dir in "${BASE:-}" "${MODEL:-}"; do
+for dir in "${BASE:-}" "${MODEL:-}" "${FIXED:-}"; do
   if [ -f "$dir/model.safetensors.xz" ]; then xz -d "$dir/model.safetensors.xz"; fi
 done
 # TQ_NUM_THREADS: TransferQueue's threads default to every core of the machine, in every run.
@@ -51,18 +53,32 @@ echo "cpus $(nproc --all)"
 began=$SECONDS
 python3 -m compileall -q -j 0 /tmp/site "$PWD/agentrl_verl" "$PWD/env_adapters" "$PWD/bench" > /dev/null 2>&1
 echo "bytecode: $((SECONDS - began)) s"
-MODEL_ARGS=()
-if [ -n "${MODEL:-}" ]; then
-  MODEL_ARGS=(--model "$MODEL")
-elif [ -n "${BASE:-}" ]; then
+warm_up() {  # $1: the warm-up's settings (a Python expression over bench.ablation), $2: its log's name
+  OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
+warmed_up_model, workload, fixed_warmup; print(warmed_up_model($1, Path(sys.argv[1])))" "$BASE" 2> "$LOGS/$2.log" \
+    | tail -1
+}
+if [ -z "${MODEL:-}" ] && [ -n "${BASE:-}" ]; then
   began=$SECONDS
-  MODEL=$(OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
-warmed_up_model, workload; print(warmed_up_model(workload(), Path(sys.argv[1])))" "$BASE" 2> "$LOGS/warmup.log" | tail -1)
-  [ -f "$MODEL/config.json" ] || { echo "warm-up failed"; tail -20 "$LOGS/warmup.log"; exit 1; }
-  echo "warm-up: $MODEL in $((SECONDS - began)) s: $(cat "$MODEL/warmup.json" | cut -c1-200)"
-  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")"
-  MODEL_ARGS=(--model "$MODEL")
+  # Both at once: each on 16 of the machine's cores, the fixed one only where no FIXED is carried.
+  warm_up "workload()" warmup > "$LOGS/warmup.path" &
+  builds=($!)
+  if [ -z "${FIXED:-}" ]; then warm_up "fixed_warmup(workload())" warmup_fixed > "$LOGS/warmup_fixed.path" &
+    builds+=($!); fi
+  wait "${builds[@]}"  # not the load sampler
+  MODEL=$(cat "$LOGS/warmup.path")
+  FIXED=${FIXED:-$(cat "$LOGS/warmup_fixed.path")}
+  for dir in "$MODEL" "$FIXED"; do
+    [ -f "$dir/config.json" ] || { echo "warm-up failed"; tail -20 "$LOGS"/warmup*.log; exit 1; }
+    echo "warm-up: $dir: $(cut -c1-200 "$dir/warmup.json")"
+  done
+  echo "warm-ups: $((SECONDS - began)) s"
+  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")" -C "$(dirname "$FIXED")" \
+    "$(basename "$FIXED")"
 fi
+MODEL_ARGS=()
+[ -z "${MODEL:-}" ] || MODEL_ARGS+=(--model "$MODEL")
+[ -z "${FIXED:-}" ] || MODEL_ARGS+=(--fixed-model "$FIXED")
 # The bench gets what is left of TOTAL_S (the call's limit less the collection) after the warm-up.
 timeout --kill-after=45 "$(( ${TOTAL_S:-520} - SECONDS ))" python3 -m bench.ablation --out "$WORK" "${MODEL_ARGS[@]}" "$@" 2>&1 \
   | tee "$LOGS/bench.txt" | grep -E "started|done|failed|Error|error" | cut -c1-250

@@ -11,6 +11,7 @@ import pytest
 from bench import ablation
 from bench.ablation import (
     FAMILIES,
+    FIXED,
     HELD_OUT,
     STALE_SHARES,
     START,
@@ -37,8 +38,10 @@ from bench.async_vs_sync import cpu_shares, saved_record
 
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
     named = arms()
-    assert list(named) == ["full", "no_task_norm", "no_cross_policy", "single_calc", "single_kg", "single_webshop"]
-    assert named["full"].overrides == () and named["full"].families == FAMILIES
+    assert list(named) == ["full", "fixed_pool", "no_task_norm", "no_cross_policy", "single_calc", "single_kg",
+                           "single_webshop"]
+    assert named["full"].overrides == () and named["full"].families == FAMILIES and not named["full"].fixed_model
+    assert named["fixed_pool"].fixed_model and named["fixed_pool"].families == FAMILIES
     assert named["no_task_norm"].overrides == ("agentrl.task_adv_norm=off",)
     assert named["no_cross_policy"].overrides == ("agentrl.cross_policy.enable=false",)
     assert named["single_kg"].families == ("kg",) and named["single_kg"].overrides == ()
@@ -110,8 +113,29 @@ def test_train_summary_of_cross_policy_weights_each_steps_success_by_its_traject
     assert summary["cross_policy"]["by_stale_share"]["0-0.25"] == {"trajectories": 0, "success": None}
     assert summary["cross_policy"]["mixed_share"] == pytest.approx(0.25) and summary["cross_policy"]["stale_lag"] == 3
     assert summary["off_policy"] == {"clip_fraction": pytest.approx(0.015), "kl": pytest.approx(0.001)}
+    assert summary["cross_policy"]["member"] == "stale"
     lines = ablation.cross_policy_table([{"arm": "full", "seed": 0, "train": summary}])
-    assert "| full | 0 | 0.0150 | 0.0010 | 0.25 | 0.33 | 3.0 | 0.25 (4) | - | 0.00 (1) | - | 1.00 (1) |" in lines
+    assert ("| full | 0 | 0.0150 | 0.0010 | stale | 0.25 | 0.33 | 3.0 | - | - | 0.25 (4) | - | 0.00 (1) | - "
+            "| 1.00 (1) |") in lines
+
+
+def test_train_summary_of_a_fixed_pool_member_has_its_turns_and_log_probs_and_no_lag():
+    from agentrl_verl.core.cross_policy import cross_policy_metrics
+
+    policies = [["current", "fixed"], ["current", "current"], ["fixed", "fixed", "current", "current"]]
+    spans = [[[0, 2], [3, 5]], [[0, 1], [2, 3]], [[0, 1], [1, 2], [2, 3], [3, 4]]]
+    logprobs = [[-0.5, -0.5, 0.0, -2.0, -2.0], [-1.0, 0.0, -1.0], [-3.0, -3.0, -0.5, -0.5]]
+    row = _step(1, {"calc": 3.0})
+    row["data"].update(cross_policy_metrics(policies, [True, False, True], members=("current", "fixed"),
+                                            turn_spans=spans, response_logprobs=logprobs))
+    cross = train_summary([row], FAMILIES)["cross_policy"]
+    assert cross["member"] == "fixed" and cross["stale_turns"] == pytest.approx(0.375)  # 3 of 8 turns
+    assert cross["stale_lag"] is None  # a fixed model has no weight version
+    assert cross["logprob"] == {"current": pytest.approx(-4 / 6, abs=1e-5), "fixed": pytest.approx(-2.5)}
+    assert cross["by_stale_share"]["0.25-0.5"] == {"trajectories": 2, "success": 1.0}
+    lines = ablation.cross_policy_table([{"arm": "fixed_pool", "seed": 2, "train": train_summary([row], FAMILIES)}])
+    assert ("| fixed_pool | 2 | - | - | fixed | 0.67 | 0.38 | - | -0.667 | -2.500 | 0.00 (1) | - | 1.00 (2) | - "
+            "| - |") in lines
 
 
 def _held_out(success: dict[str, float], episodes: int = 100) -> dict:
@@ -147,6 +171,26 @@ def test_arm_statistics_over_seeds_and_the_specialists_row():
     assert stats["specialists"]["kg"] == pytest.approx((0.55, 0.05))
     assert stats["specialists"]["mean"] == pytest.approx((0.55, 0.05))  # each specialist on its own family
     assert stats["single_kg"]["mean"] == pytest.approx((0.55 / 3, 0.05 / 3))
+
+
+def test_paired_differences_pair_the_multi_task_arms_by_their_common_seeds():
+    records = [_record(START, 0, {"calc": 0.4, "kg": 0.2, "webshop": 0.3}),
+               _record("full", 0, {"calc": 0.6, "kg": 0.3, "webshop": 0.3}),
+               _record("full", 1, {"calc": 0.4, "kg": 0.3, "webshop": 0.5}),
+               _record("full", 2, {"calc": 0.9, "kg": 0.9, "webshop": 0.9}),  # no partner
+               _record("no_cross_policy", 0, {"calc": 0.5, "kg": 0.3, "webshop": 0.1}),
+               _record("no_cross_policy", 1, {"calc": 0.5, "kg": 0.3, "webshop": 0.2}),
+               _record("no_task_norm", 0, {"calc": 0.5, "kg": 0.3, "webshop": 0.1}),  # one seed: no pair
+               _record("single_calc", 0, {"calc": 0.9, "kg": 0.0, "webshop": 0.0}),
+               _record("single_calc", 1, {"calc": 0.9, "kg": 0.0, "webshop": 0.0})]
+    pairs = ablation.paired_differences(records)
+    assert list(pairs) == ["full - no_cross_policy"]
+    row = pairs["full - no_cross_policy"]
+    assert row["seeds"] == [0, 1] and row["calc"] == pytest.approx((0.0, 0.1)) and row["kg"] == pytest.approx((0, 0))
+    assert row["webshop"] == pytest.approx((0.25, 0.05)) and row["mean"] == pytest.approx((0.25 / 3, 0.05 / 3))
+    text = summary_markdown(records, arm_statistics(records), describe(records))
+    assert ("| full - no_cross_policy | 2 | +0.000 +- 0.100 | +0.000 +- 0.000 | +0.250 +- 0.050 | +0.083 +- 0.017 |"
+            in text)
 
 
 def test_no_specialists_row_without_every_single_task_arm():
@@ -329,3 +373,60 @@ def test_a_child_runs_its_one_job_and_the_parent_reports(tmp_path, no_verl, caps
     assert (tmp_path / "out" / "summary.md").exists() and (tmp_path / "out" / "summary.json").exists()
     assert ablation.main(["--report", "--out", str(tmp_path / "out")]) == 0  # runs nothing
     assert len(no_verl["evaluate"]) == 3
+
+
+def test_the_fixed_pool_arm_trains_with_the_fixed_model_in_the_pool_and_evaluates_it_once(tmp_path, no_verl,
+                                                                                          monkeypatch):
+    overrides = []
+    train = ablation.train_run
+    monkeypatch.setattr(ablation, "train_run", lambda args, arm, spec, *rest: overrides.append(spec.overrides)
+                        or train(args, arm, spec, *rest))
+    args = parse_args(["--arms", "full", "fixed_pool", "--seeds", "0"])
+    assert jobs(args) == [(START, 0), (FIXED, 0), ("full", 0), ("fixed_pool", 0)]
+    assert jobs(parse_args(["--arms", "full", "--seeds", "0"])) == [(START, 0), ("full", 0)]  # no fixed model
+    model, fixed = tmp_path / "warmup-abc", tmp_path / "warmup-def"
+    for arm, seed in jobs(args):
+        run_one(args, arm, seed, run_folder(tmp_path, arm, seed), model, workload(), fixed)
+    assert no_verl["evaluate"] == ["warmup-abc", "warmup-def", "huggingface", "huggingface"]
+    assert overrides == [(), (f"++agentrl.cross_policy.fixed_model_path={fixed}",)]
+    settings = {r["arm"]: r["settings"] for r in load_runs(tmp_path)}
+    assert settings[FIXED]["fixed_model"] == settings["fixed_pool"]["fixed_model"] == "warmup-def"
+    assert "fixed_model" not in settings["full"] and settings[FIXED]["steps"] == 0
+    with pytest.raises(ValueError, match="use another --out"):  # another fixed model is another run
+        saved_record(run_folder(tmp_path, "fixed_pool", 0) / "run.json",
+                     run_settings(args, "fixed_pool", model, tmp_path / "warmup-ghi"))
+    stats = arm_statistics(load_runs(tmp_path))
+    assert list(stats) == [START, FIXED, "full", "fixed_pool"]
+    assert "fixed pool model warmup-def;" in describe(load_runs(tmp_path))
+
+
+def test_the_fixed_pool_arm_overrides_compose_with_the_rl_preset(tmp_path):
+    from agentrl_verl.harness.demo import RLSpec, _rl_preset_values
+
+    overrides = ablation.arm_overrides(arms()["fixed_pool"], tmp_path / "warmup-def")
+    preset = _rl_preset_values(RLSpec(overrides=[*workload().rl.overrides, *overrides]))
+    assert preset.agentrl.cross_policy.fixed_model_path == str(tmp_path / "warmup-def")
+    assert preset.agentrl.cross_policy.enable
+    assert ablation.arm_overrides(arms()["no_cross_policy"], None) == ("agentrl.cross_policy.enable=false",)
+
+
+def test_run_children_hand_the_fixed_model_to_every_child(tmp_path, monkeypatch):
+    argv = ["--arms", "fixed_pool", "--seeds", "0", "--parallel", "2"]
+    _FinishedChild.launched = []
+    monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
+    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
+    run_children(parse_args(argv), argv, tmp_path, tmp_path / "warmup-abc", tmp_path / "warmup-def")
+    launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
+    assert [(a.arms, a.fixed_model) for a in launched] == [([START], str(tmp_path / "warmup-def")),
+                                                           ([FIXED], str(tmp_path / "warmup-def")),
+                                                           (["fixed_pool"], str(tmp_path / "warmup-def"))]
+
+
+def test_the_default_fixed_model_is_the_warm_up_on_another_order_of_the_same_demonstrations(tmp_path):
+    from bench.ablation import FIXED_WARMUP_SEED, fixed_warmup, warmup_key
+
+    config = workload()
+    other = fixed_warmup(config)
+    assert other.warmup.seed == FIXED_WARMUP_SEED != config.warmup.seed
+    assert other.tasks == config.tasks and other.demonstrations == config.demonstrations
+    assert warmup_key(tmp_path, other) != warmup_key(tmp_path, config)  # cached apart
