@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -64,6 +63,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
 from bench.async_vs_sync import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
 
@@ -159,13 +159,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def warmup_key(base: Path, config: DemoConfig) -> str:
     """Cache key of the warm-up model: everything that shapes it (base model, tasks, demonstrations, warm-up and
     evaluation settings, the warm-up code)."""
-    from agentrl_verl.harness import cold_start
+    return cache_key(warmup_settings(base, config))
 
-    code = hashlib.sha256(Path(cold_start.__file__).read_bytes()).hexdigest()
-    settings = {"base": base.name, "code": code, "seed": config.seed, "demonstrations": config.demonstrations,
-                "tasks": [dataclasses.asdict(t) for t in config.tasks], "warmup": dataclasses.asdict(config.warmup),
-                "eval": dataclasses.asdict(config.eval)}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+def warmup_settings(base: Path, config: DemoConfig) -> dict[str, Any]:
+    """What shapes the warm-up model, as JSON values (its cache key is their hash and the warm-up code's)."""
+    return {"base": base.name, "seed": config.seed, "demonstrations": config.demonstrations,
+            "tasks": [dataclasses.asdict(t) for t in config.tasks], "warmup": config.warmup.model_settings(),
+            "eval": dataclasses.asdict(config.eval)}
 
 
 def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
@@ -179,16 +180,10 @@ def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
     from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
 
     base = base or build_tiny_model()
-    root = default_cache_dir() / "ablation"
-    target = root / f"warmup-{warmup_key(base, config)}"
-    if (target / "config.json").exists():
-        logger.info("warm-up: reusing %s", target)
-        return target
-    logger.info("warm-up on %s (once; cached in %s)", ", ".join(FAMILIES), target)
-    root.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    build = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
-    try:
+
+    def build(output: Path) -> dict[str, Any]:
+        logger.info("warm-up on %s", ", ".join(FAMILIES))
+        tokenizer = AutoTokenizer.from_pretrained(base)
         with EnvStack(stack_config(config.tasks), startup_timeout=180) as stack:
             held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
             demos = [d for t in config.tasks for d in generate_demonstrations(
@@ -200,15 +195,12 @@ def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
                                          config.eval, sessions(config.tasks), seed=config.seed)
                 return [e["success"] for result in results.values() for e in result.episodes]
 
-            warm = supervised_warmup(base, demos, build, check, config.warmup)
+            warm = supervised_warmup(base, demos, output, check, config.warmup)
         logger.info("warm-up: %d steps on %d demonstrations, held-out greedy success %.2f", warm.steps, len(demos),
                     warm.success)
-        (build / "warmup.json").write_text(json.dumps(
-            {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}))
-        build.rename(target)  # atomic: a concurrent or interrupted build never leaves half a model under target
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return target
+        return {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}
+
+    return cached_warmup(default_cache_dir() / "ablation", "warmup", warmup_settings(base, config), build).path
 
 
 def fixed_warmup(config: DemoConfig) -> DemoConfig:

@@ -50,6 +50,7 @@ from agentrl_verl.harness.demo import exported_actor, load_demo_config
 from agentrl_verl.harness.evaluate import evaluate_model
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.async_vs_sync")
@@ -196,16 +197,15 @@ def start_held_out(workdir: Path, model: Path | None, size: int) -> float | None
 def cold_start_key(base: Path) -> str:
     """Cache key of the cold-start model: everything that shapes it (base model, problems, demonstrations,
     warm-up and evaluation settings, the warm-up code)."""
+    return cache_key(cold_start_settings(base))
+
+
+def cold_start_settings(base: Path) -> dict[str, Any]:
+    """What shapes the cold-start model, as JSON values (its cache key is their hash and the warm-up code's)."""
     import dataclasses
-    import hashlib
 
-    from agentrl_verl.harness import cold_start
-
-    code = hashlib.sha256(Path(cold_start.__file__).read_bytes()).hexdigest()
-    settings = {"base": base.name, "code": code, "calc_size": CALC_SIZE, "seed": DEMO.seed,
-                "demonstrations": DEMO.demonstrations, "warmup": dataclasses.asdict(DEMO.warmup),
-                "eval": dataclasses.asdict(DEMO.eval)}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return {"base": base.name, "calc_size": CALC_SIZE, "seed": DEMO.seed, "demonstrations": DEMO.demonstrations,
+            "warmup": DEMO.warmup.model_settings(), "eval": dataclasses.asdict(DEMO.eval)}
 
 
 def cold_started_model() -> Path:
@@ -217,39 +217,29 @@ def cold_started_model() -> Path:
     ``DEMO.seed``) without latency; every seed of the bench starts from this one model, so pairs differ only in
     the training mode.
     """
-    import shutil
-
     from transformers import AutoTokenizer
 
     from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
     from agentrl_verl.harness.tiny_model import default_cache_dir
 
     base = build_tiny_model()
-    root = default_cache_dir() / "async_vs_sync"
-    target = root / f"cold-start-{cold_start_key(base)}"
-    if (target / "config.json").exists():
-        logger.info("cold start: reusing %s", target)
-        return target
-    logger.info("cold start: supervised warm-up on calc (once; cached in %s)", target)
-    root.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    held_out = list(range(CALC_SIZE, CALC_SIZE + DEMO.eval.warmup_indices))
-    first_demo = held_out[-1] + 1
-    demos = generate_demonstrations("calc", range(first_demo, first_demo + DEMO.demonstrations),
-                                    {"seed": DEMO.seed, "size": first_demo + DEMO.demonstrations})
-    build = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
-    try:
+
+    def build(output: Path) -> dict[str, Any]:
+        logger.info("cold start: supervised warm-up on calc")
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        held_out = list(range(CALC_SIZE, CALC_SIZE + DEMO.eval.warmup_indices))
+        first_demo = held_out[-1] + 1
+        demos = generate_demonstrations("calc", range(first_demo, first_demo + DEMO.demonstrations),
+                                        {"seed": DEMO.seed, "size": first_demo + DEMO.demonstrations})
         with calc_stack(DEMO.seed, held_out[-1] + 1) as stack:
-            warm = supervised_warmup(base, demos, build,
+            warm = supervised_warmup(base, demos, output,
                                      lambda model, part: calc_successes(stack.url, model, tokenizer, held_out[part],
                                                                         DEMO.seed),
                                      DEMO.warmup)
         logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
-        (build / "cold_start.json").write_text(json.dumps({"steps": warm.steps, "success": warm.success}))
-        build.rename(target)  # atomic: a concurrent or interrupted build never leaves half a model under target
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return target
+        return {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}
+
+    return cached_warmup(default_cache_dir() / "async_vs_sync", "cold-start", cold_start_settings(base), build).path
 
 
 def cpu_shares(cpus: set[int], parts: int) -> list[set[int]]:

@@ -7,7 +7,8 @@ What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset `
    (DBBench on embedded SQLite) and ``os`` (OS interaction in Docker containers, when a daemon answers).
 3. Cold start: generates demonstrations of each learnable task (``calc`` by default) with its scripted expert
    through the real task code and trains on them until greedy held-out success enters a window that leaves RL
-   room (:mod:`.cold_start`).
+   room (:mod:`.cold_start`). With ``warmup.reuse`` a model warmed up by an earlier run with the same settings is
+   taken from the cache instead (:mod:`.warmup_cache`), and a new one is kept there.
 4. Evaluates every task on held-out indices through the stack (greedy, and sampled) with the agent loop that
    trains (:func:`agentrl_verl.harness.evaluate.evaluate_model`).
 5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
@@ -46,9 +47,16 @@ import yaml
 from omegaconf import OmegaConf
 
 from agentrl_verl.harness import vllm_cpu
-from agentrl_verl.harness.cold_start import WarmupConfig, WarmupResult, generate_demonstrations, supervised_warmup
+from agentrl_verl.harness.cold_start import (
+    WarmupConfig,
+    WarmupResult,
+    generate_demonstrations,
+    supervised_warmup,
+    warmup_device,
+)
 from agentrl_verl.harness.evaluate import EvalResult, evaluate_model
-from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model
+from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir
+from agentrl_verl.harness.warmup_cache import cached_warmup
 from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
@@ -117,11 +125,25 @@ class RLSpec:
 
 
 @dataclass
+class DemoWarmup(WarmupConfig):
+    """The demo's warm-up: :class:`~agentrl_verl.harness.cold_start.WarmupConfig`'s training settings, and whether
+    to reuse a model that an earlier run with the same settings left in the cache."""
+
+    reuse: bool = False
+    """Reuse (or else train and keep) the warm-up model cached under ``$AGENTRL_CACHE_DIR/demo/`` for exactly these
+    settings (:func:`warmup_settings`). Off: every run trains its own warm-up into its output directory."""
+
+    def model_settings(self) -> dict[str, Any]:
+        """The settings that shape the warmed-up model (all but :attr:`reuse`)."""
+        return {k: v for k, v in asdict(self).items() if k != "reuse"}
+
+
+@dataclass
 class DemoConfig:
     seed: int = 0
     tasks: list[TaskSpec] = field(default_factory=list)
     demonstrations: int = 2000
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    warmup: DemoWarmup = field(default_factory=DemoWarmup)
     eval: EvalSpec = field(default_factory=EvalSpec)
     rl: RLSpec = field(default_factory=RLSpec)
     model: TinyModelSpec = field(default_factory=TinyModelSpec)
@@ -176,6 +198,20 @@ def stack_config(tasks: list[TaskSpec]) -> dict[str, Any]:
     workers = [{"task": t.family, "name": t.name, "concurrency": t.concurrency, "options": dict(t.options)}
                for t in tasks]
     return {"controller": {"host": "127.0.0.1", "port": 0}, "workers": workers}
+
+
+def warmup_settings(base: Path, config: DemoConfig, tasks: list[TaskSpec]) -> dict[str, Any]:
+    """What shapes the demo's warm-up model when ``tasks`` run, as JSON values (the key of its cached copy): the base
+    model, each learnable task's problems, demonstrations, held-out split and check concurrency, the seed, the
+    warm-up settings (device resolved) and the evaluation settings its greedy checks use. RL settings, task weights
+    and the tasks that are not learnable leave it unchanged."""
+    learnable = [{"name": t.name, "family": t.family, "options": t.options, "held_out": t.held_out,
+                  "concurrency": min(t.concurrency, 64), "demonstrations": t.demonstration_count(config.demonstrations)}
+                 for t in tasks if t.learnable]
+    checks = {k: v for k, v in asdict(config.eval).items() if k in ("warmup_indices", "max_turns", "max_new_tokens",
+                                                                     "max_context")}
+    warmup = {**config.warmup.model_settings(), "device": warmup_device(config.warmup.device)}
+    return {"base": base.name, "seed": config.seed, "tasks": learnable, "warmup": warmup, "eval": checks}
 
 
 async def _task_indices(url: str, tasks: list[TaskSpec]) -> dict[str, list[Index]]:
@@ -439,6 +475,8 @@ class DemoProgress:
     learnable: list[str] = field(default_factory=list)
     demonstrations: int = 0
     warm: WarmupResult | None = None
+    warmup_cache: dict[str, Any] | None = None
+    """With ``warmup.reuse``: the cached model's ``dir`` and whether it was ``reused`` (else built by this run)."""
     before: dict[str, dict[str, EvalResult]] | None = None
     after: dict[str, dict[str, EvalResult]] | None = None
     command: list[str] = field(default_factory=list)
@@ -479,7 +517,8 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
         "skipped_tasks": progress.skipped,
         "warmup": None if warm is None else {"steps": warm.steps, "held_out_success": warm.success,
                                              "device": warm.device, "history": warm.history,
-                                             "demonstrations": progress.demonstrations},
+                                             "demonstrations": progress.demonstrations,
+                                             "cache": progress.warmup_cache},
         "rl": {"steps": config.rl.steps, "steps_done": len(rl_history), "command": progress.command,
                "history": rl_history},
         "timings_s": progress.timings,
@@ -493,9 +532,22 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
         head += (f"**Stopped early**: {stopped_because}\n\nPhases done: {', '.join(done) or 'none'}; RL steps done: "
                  f"{len(rl_history)}/{config.rl.steps}.\n\n")
     table = summary_table(per_task) if per_task else "(no held-out evaluation yet)"
-    (out / "summary.md").write_text(f"{head}{table}\n\nTimings (s): {json.dumps(progress.timings)}\n")
+    (out / "summary.md").write_text(f"{head}{table}\n\n{warmup_line(progress)}Timings (s): "
+                                    f"{json.dumps(progress.timings)}\n")
     logger.info("summary (%s):\n%s", out / "summary.json", table)
     return summary
+
+
+def warmup_line(progress: DemoProgress) -> str:
+    """The summary's paragraph on where the warm-up model came from (empty unless ``warmup.reuse`` is on)."""
+    cache, warm = progress.warmup_cache, progress.warm
+    if cache is None or warm is None:
+        return ""
+    if not cache["reused"]:
+        return f"Warm-up trained by this run and cached in `{cache['dir']}` (`warmup.reuse`).\n\n"
+    return (f"Warm-up **reused** from `{cache['dir']}` (`warmup.reuse`): its {warm.steps} steps on "
+            f"{progress.demonstrations} demonstrations (held-out greedy success {warm.success:.2f}) ran in an earlier "
+            "run; `warmup_s` here is only the lookup.\n\n")
 
 
 def stop_reason(error: BaseException) -> str:
@@ -560,11 +612,6 @@ def _run_phases(progress: DemoProgress) -> None:
         t = progress.lap("env_start_s", t)
 
         # Cold start on the learnable task(s).
-        demos = [d for spec in learnable
-                 for d in generate_demonstrations(spec.family, train_indices[spec.name][: spec.demonstration_count(
-                     config.demonstrations)], spec.options)]
-        progress.demonstrations = len(demos)
-        logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
         warmup_eval = {s.name: held_out[s.name][: config.eval.warmup_indices] for s in learnable}
 
         def warmup_success(model, part: slice) -> list[bool]:
@@ -572,8 +619,27 @@ def _run_phases(progress: DemoProgress) -> None:
             results = evaluate_tasks(stack.url, model, tokenizer, splits, config.eval, sessions, seed=config.seed)
             return [episode["success"] for result in results.values() for episode in result.episodes]
 
-        progress.warm = warm = supervised_warmup(model_dir, demos, out / "warmup_model", warmup_success,
-                                                 config.warmup)
+        def warm_up(output: Path) -> dict[str, Any]:
+            demos = [d for spec in learnable
+                     for d in generate_demonstrations(spec.family, train_indices[spec.name][
+                         : spec.demonstration_count(config.demonstrations)], spec.options)]
+            progress.demonstrations = len(demos)
+            logger.info("generated %d demonstrations (%s)", len(demos), ", ".join(progress.learnable))
+            warm = supervised_warmup(model_dir, demos, output, warmup_success, config.warmup)
+            return {**{k: v for k, v in asdict(warm).items() if k != "path"}, "demonstrations": len(demos)}
+
+        if config.warmup.reuse:
+            cached = cached_warmup(default_cache_dir() / "demo", "warmup", warmup_settings(model_dir, config, tasks),
+                                   warm_up)
+            done, warm_path = cached.metadata, cached.path
+            progress.warmup_cache = {"dir": str(cached.path), "reused": cached.reused}
+            if cached.reused:
+                logger.info("warm-up: reused the cached model %s (no demonstrations, no training)", cached.path)
+        else:
+            warm_path = out / "warmup_model"
+            done = warm_up(warm_path)
+        progress.demonstrations = done.pop("demonstrations")
+        progress.warm = warm = WarmupResult(path=str(warm_path), **done)
         logger.info("warm-up: %d steps on %s, held-out greedy success %.2f", warm.steps, warm.device, warm.success)
         t = progress.lap("warmup_s", t)
 

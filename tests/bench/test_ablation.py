@@ -360,6 +360,9 @@ def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
     shorter = workload()
     shorter.warmup = dataclasses.replace(shorter.warmup, max_steps=10)
     assert warmup_key(base, shorter) != warmup_key(base, config)
+    reused = workload()
+    reused.warmup.reuse = True  # the demo's own cache switch shapes no model
+    assert warmup_key(base, reused) == warmup_key(base, config)
 
 
 def test_a_child_runs_its_one_job_and_the_parent_reports(tmp_path, no_verl, capsys):

@@ -195,6 +195,7 @@ def test_a_run_made_before_a_setting_existed_counts_as_made_at_its_default(tmp_p
     folder = write_run(tmp_path / "seed_0", 0)
     summary = json.loads((folder / "summary.json").read_text())
     del summary["config"]["warmup"]["device"]  # a run from before warmup.device
+    del summary["config"]["warmup"]["reuse"]  # and before warmup.reuse
     (folder / "summary.json").write_text(json.dumps(summary))
     args = parse_args(["--config", MULTITASK, "--out", str(tmp_path)])
     assert pending_seed(args, 0, folder)["status"] == "finished"

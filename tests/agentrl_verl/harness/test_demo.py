@@ -32,10 +32,12 @@ from agentrl_verl.harness.demo import (
     stop_reason,
     summarize,
     summary_table,
+    warmup_settings,
     write_summary,
 )
 from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.harness.warmup_cache import cache_key
 
 DEMO_RUN = Path(CONFIG_DIR) / "demo_run.yaml"
 MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
@@ -54,6 +56,10 @@ def test_settings_load_validate_and_override():
         load_demo_config(None, ["rl.steps=many"])
     with pytest.raises(ValueError, match="learnable"):
         load_demo_config(None, ["tasks.0.learnable=false"])
+    assert load_demo_config().warmup.reuse is False  # every run trains its own warm-up unless told
+    assert load_demo_config(None, ["warmup.reuse=true"]).warmup.reuse is True
+    with pytest.raises(ValueError, match="reuze"):
+        load_demo_config(None, ["warmup.reuze=true"])
 
 
 def test_the_model_shape_is_a_setting_of_tinymodelspec_fields():
@@ -252,6 +258,67 @@ def test_an_early_end_still_writes_the_summary_of_what_was_measured(tmp_path):
     assert "Phases done: build_model, warmup, eval_before" in text and "| calc | greedy | 2 | 0.500 | - | - |" in text
     assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("override", ["seed=1", "tasks.0.demonstrations=10",
+                                      "tasks.0.held_out=30", "tasks.0.options.size=4000", "tasks.0.concurrency=8",
+                                      "warmup.lr=0.01", "warmup.seed=1", "warmup.max_steps=10",
+                                      "eval.warmup_indices=5", "eval.max_context=512", "eval.max_turns=2",
+                                      "eval.max_new_tokens=32"])
+def test_the_warm_up_cache_key_changes_with_each_setting_that_shapes_the_model(override):
+    base, config = Path("tiny-qwen2-abc"), load_demo_config(MULTITASK)
+    changed = load_demo_config(MULTITASK, [override])
+    assert cache_key(warmup_settings(base, changed, changed.tasks)) != cache_key(
+        warmup_settings(base, config, config.tasks))
+
+
+@pytest.mark.parametrize("override", ["rl.steps=3", "rl.overrides=[actor_rollout_ref.actor.optim.lr=2e-4]",
+                                      "rl.engine=vllm", "rl.stall_s=60", "tasks.0.weight=3", "warmup.reuse=true",
+                                      "eval.sampled=false", "eval.temperature=1.0"])
+def test_the_warm_up_cache_key_ignores_the_settings_that_do_not_shape_the_model(override):
+    base, config = Path("tiny-qwen2-abc"), load_demo_config(MULTITASK)
+    changed = load_demo_config(MULTITASK, [override])
+    assert cache_key(warmup_settings(base, changed, changed.tasks)) == cache_key(
+        warmup_settings(base, config, config.tasks))
+
+
+def test_the_warm_up_cache_key_follows_the_base_model_and_the_learnable_tasks_only():
+    config = load_demo_config()  # calc learnable; db, os, kg, webshop not
+    key = cache_key(warmup_settings(Path("tiny-qwen2-abc"), config, config.tasks))
+    assert cache_key(warmup_settings(Path("tiny-qwen2-def"), config, config.tasks)) != key
+    without_os = [t for t in config.tasks if t.name != "os"]  # no Docker here: os is left out, calc still learns
+    assert cache_key(warmup_settings(Path("tiny-qwen2-abc"), config, without_os)) == key
+    kg = load_demo_config(None, ["tasks.3.learnable=true"])
+    assert cache_key(warmup_settings(Path("tiny-qwen2-abc"), kg, kg.tasks)) != key
+    fewer = load_demo_config(None, ["demonstrations=100"])  # calc's count: it has none of its own
+    assert cache_key(warmup_settings(Path("tiny-qwen2-abc"), fewer, fewer.tasks)) != key
+    multitask = load_demo_config(MULTITASK, ["demonstrations=100"])  # each task has its own: no change
+    assert (cache_key(warmup_settings(Path("tiny-qwen2-abc"), multitask, multitask.tasks))
+            == cache_key(warmup_settings(Path("tiny-qwen2-abc"), load_demo_config(MULTITASK),
+                                         load_demo_config(MULTITASK).tasks)))
+
+
+def test_a_reused_warm_up_is_reported_with_where_it_came_from_and_its_history(tmp_path):
+    config = load_demo_config(None, ["warmup.reuse=true"])
+    cached = tmp_path / "cache" / "warmup-0123456789abcdef"
+    progress = DemoProgress(tmp_path, config, tasks=["calc"], learnable=["calc"], demonstrations=64,
+                            warm=WarmupResult(str(cached), 120, 0.61, "cpu", [{"step": 120, "success": 0.61}]),
+                            warmup_cache={"dir": str(cached), "reused": True},
+                            before={"greedy": {"calc": _result("calc", [True, False])}})
+    progress.timings = {"build_model_s": 1.0, "warmup_s": 0.2}
+    warmup = write_summary(progress, "interrupted (Ctrl-C)")["warmup"]
+    assert warmup["cache"] == {"dir": str(cached), "reused": True}
+    assert (warmup["steps"], warmup["held_out_success"], warmup["demonstrations"]) == (120, 0.61, 64)
+    assert warmup["history"] == [{"step": 120, "success": 0.61}]
+    text = (tmp_path / "summary.md").read_text()
+    assert f"Warm-up **reused** from `{cached}`" in text and "120 steps on 64 demonstrations" in text
+    assert "`warmup_s` here is only the lookup" in text
+    progress.warmup_cache["reused"] = False
+    write_summary(progress, "interrupted (Ctrl-C)")
+    assert f"Warm-up trained by this run and cached in `{cached}`" in (tmp_path / "summary.md").read_text()
+    progress.warmup_cache = None  # warmup.reuse off: nothing to say
+    write_summary(progress, "interrupted (Ctrl-C)")
+    assert "Warm-up" not in (tmp_path / "summary.md").read_text()
 
 
 # ---- end to end -------------------------------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""Warm-up models kept between runs, keyed by everything that shapes them.
+
+A supervised warm-up (:mod:`.cold_start`) gives the same model for the same settings every time, and takes minutes.
+:func:`cached_warmup` builds it once under a key made of those settings and of the warm-up code
+(:func:`cache_key`), in a temporary directory renamed into place, with a ``warmup.json`` of what the warm-up did
+(steps, held-out success, history) so that a later run that reuses the model can still report it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+METADATA = "warmup.json"
+"""The file in a cached model's directory that holds what its warm-up did."""
+
+
+def cache_key(settings: dict[str, Any]) -> str:
+    """Cache key of a warm-up model: a hash of ``settings`` (JSON values: everything that shapes the model) and of
+    the warm-up code (:mod:`.cold_start`), so that a change to either builds another model."""
+    from agentrl_verl.harness import cold_start
+
+    code = hashlib.sha256(Path(cold_start.__file__).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps({**settings, "code": code}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class CachedWarmup:
+    """A cached warm-up model: its directory, what its warm-up did, and whether an earlier run built it."""
+
+    path: Path
+    metadata: dict[str, Any]
+    """What the build returned (written to :data:`METADATA`); empty for a model cached before it was kept."""
+    reused: bool
+
+
+def cached_warmup(root: Path, name: str, settings: dict[str, Any],
+                  build: Callable[[Path], dict[str, Any]]) -> CachedWarmup:
+    """The warm-up model of ``settings`` under ``root``, built by ``build`` unless an earlier run left it there.
+
+    Args:
+        root: Where the models are kept (e.g. ``$AGENTRL_CACHE_DIR/<bench>``).
+        name: The directory's prefix, before the key (``<name>-<key>``).
+        settings: Everything that shapes the model, JSON values (see :func:`cache_key`).
+        build: Writes the model (an HF directory) into the empty directory it is given and returns what the warm-up
+            did (JSON values), kept in :data:`METADATA`.
+
+    Returns:
+        The model's directory, its metadata and whether it was reused. A build that raises (or is interrupted)
+        leaves nothing under the key: it writes to a temporary directory, renamed into place when complete.
+    """
+    target = root / f"{name}-{cache_key(settings)}"
+    if (target / "config.json").exists():
+        logger.info("warm-up: reusing the cached model %s", target)
+        metadata = target / METADATA
+        return CachedWarmup(target, json.loads(metadata.read_text()) if metadata.exists() else {}, True)
+    logger.info("warm-up: building the model (once; cached in %s)", target)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    try:
+        metadata = build(tmp)
+        (tmp / METADATA).write_text(json.dumps(metadata))
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+            # Another process built the same model meanwhile: the same settings, so either copy will do.
+            logger.info("warm-up: %s was built meanwhile; using it", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CachedWarmup(target, metadata, False)
