@@ -11,20 +11,23 @@ import os
 # this once, when torch loads, hence here, before verl imports torch; a value already set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# This process's own threads spin briefly (20000 rounds) before they sleep: most of the work done in the process that
-# imports the package first is small ops in one thread (the demo's warm-up and evaluations), and waking a sleeping
-# thread for each costs more than the op (a warm-up step of the multi-task preset: 1.01 s passive, 0.68 s so). The
-# variable goes again once torch has loaded, so that the processes this one starts (verl's workers) wait passively.
+# The process that imports the package first spins briefly (20000 rounds) before its threads sleep: most of its
+# work is small ops in one thread (the demo's warm-up and evaluations), and waking a sleeping thread for each costs
+# more than the op (a warm-up step of the multi-task preset: 1.01 s passive, 0.68 s so). Every process it starts
+# inherits a spin count of 0, and Ray's workers (``RAY_RAYLET_PID``) never spin: they import this package before
+# torch too (to load our classes), and spinning threads in verl's workers took the cores from the working ones (the
+# demo's RL steps about twice as slow). A spin count already set wins, and so does a wait policy other than passive.
 _SPIN = "GOMP_SPINCOUNT"
-_spin_set_here = _SPIN not in os.environ
-if _spin_set_here:
+_spin_here = (os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE" and _SPIN not in os.environ
+              and "RAY_RAYLET_PID" not in os.environ)
+if _spin_here:
     os.environ[_SPIN] = "20000"
 
 # Importing verl first loads our plugin, which imports and registers every component. Without this, a user
 # who imports a component module before verl would re-enter that half-imported module from the plugin.
 import verl  # noqa: E402, F401
 
-if _spin_set_here:
-    del os.environ[_SPIN]
+if _spin_here:
+    os.environ[_SPIN] = "0"
 
 __version__ = "0.1.0"

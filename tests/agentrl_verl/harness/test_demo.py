@@ -169,24 +169,30 @@ def test_torch_threads_wait_passively_in_processes_that_import_the_package():
     assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy PASSIVE"]
 
 
-@pytest.mark.parametrize("given", [None, "0"])
-def test_only_the_importing_process_spins_briefly_unless_the_user_says(given):
-    # The spin count torch loads with, and what the processes started afterwards inherit.
-    code = ("import os, subprocess, sys\n"
-            "class Spy:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'torch':\n"
-            "            print('loaded with', os.environ.get('GOMP_SPINCOUNT'))\n"
-            "sys.meta_path.insert(0, Spy())\n"
-            "import agentrl_verl\n"
-            "child = 'import os; print(\"child\", os.environ.get(\"GOMP_SPINCOUNT\"))'\n"
-            "subprocess.run([sys.executable, '-c', child])\n")
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    if given is not None:
-        env["GOMP_SPINCOUNT"] = given
+@pytest.mark.parametrize(("given", "parent", "child"), [
+    ({}, "20000", "0"),
+    ({"GOMP_SPINCOUNT": "0"}, "0", "0"),
+    ({"GOMP_SPINCOUNT": "300000"}, "300000", "300000"),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, None, None),
+    ({"RAY_RAYLET_PID": "1"}, None, None),  # a Ray worker, which imports our classes before torch
+], ids=["default", "user-off", "user-count", "user-active", "ray-worker"])
+def test_only_the_importing_process_spins_briefly_unless_the_user_says(given, parent, child):
+    # The spin count torch loads with, in a process that imports the package and in one that it starts and that
+    # imports the package too (as verl's workers and vLLM's processes do).
+    spy = ("import os, sys\n"
+           "class Spy:\n"
+           "    def find_spec(self, name, path=None, target=None):\n"
+           "        if name == 'torch':\n"
+           "            print(os.environ.get('AGENTRL_TEST_ROLE'), 'loaded with', os.environ.get('GOMP_SPINCOUNT'))\n"
+           "sys.meta_path.insert(0, Spy())\n"
+           "import agentrl_verl\n")
+    code = (spy + "import subprocess\n"
+            f"subprocess.run([sys.executable, '-c', {spy!r}], env={{**os.environ, 'AGENTRL_TEST_ROLE': 'child'}})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "RAY_RAYLET_PID")}
+    env = {**env, **given, "AGENTRL_TEST_ROLE": "parent"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    lines = [line for line in out.splitlines() if line.startswith(("loaded with", "child"))]
-    assert lines == [f"loaded with {given or 20000}", f"child {given}"]
+    lines = [line for line in out.splitlines() if " loaded with " in line]
+    assert lines == [f"parent loaded with {parent}", f"child loaded with {child}"]
 
 
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
