@@ -40,6 +40,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.experimental.agent_loop.tool_parser import logger as tool_parser_logger
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.workers.rollout.replica import TokenOutput
 
@@ -52,6 +53,23 @@ logger = logging.getLogger(__name__)
 
 # Errors that end an episode as ``task error`` instead of failing the training step.
 ENV_ERRORS = (EnvUnavailable, EnvRequestError, asyncio.TimeoutError)
+
+
+class MalformedCallsAtDebug(logging.Filter):
+    """Shows verl's "Failed to decode tool call" errors only at DEBUG (``VERL_LOGGING_LEVEL=DEBUG``), as DEBUG.
+
+    A call the model wrote badly is the model's mistake, not the system's: its text goes to the environment verbatim,
+    which answers it like any invalid action. Logged as errors they were most of a demo's log (115 of 179 lines).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Failed to decode tool call"):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return tool_parser_logger.isEnabledFor(logging.DEBUG)
+
+
+tool_parser_logger.addFilter(MalformedCallsAtDebug())
 
 
 @dataclass

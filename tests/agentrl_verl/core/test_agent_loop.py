@@ -4,10 +4,12 @@ a scripted environment client: exact token ids, masks, log-probs, rewards and st
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
+from verl.experimental.agent_loop import tool_parser
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
@@ -169,6 +171,30 @@ async def test_malformed_call_goes_to_env_verbatim(tokenizer):
     assert out.reward_score == pytest.approx(-0.2)
     assert out.response_ids == server.outputs[0] and out.response_mask == [1] * len(server.outputs[0])
     assert env.cancelled == []
+
+
+@pytest.mark.parametrize("level", ["WARN", "DEBUG"])
+async def test_malformed_calls_are_logged_only_at_debug(tokenizer, level):
+    # verl's parser logs a call it cannot decode as an error; the environment answers such a call like any invalid
+    # action, so it is the model's mistake and shows only when the user asks verl for DEBUG.
+    parser_logger = logging.getLogger(tool_parser.__file__)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    old_level = parser_logger.level
+    parser_logger.addHandler(handler)
+    parser_logger.setLevel(level)
+    try:
+        bad = '<tool_call>\n{"name": "bash_action", "arguments": {"script": "ls"}\n</tool_call><|im_end|>'
+        env = ScriptedEnv([InteractResponse(finish=True, status=SampleStatus.AGENT_INVALID_ACTION, reward=0.0)])
+        await _loop(tokenizer, ScriptedServer(tokenizer, [bad]), env).run({}, **_row())
+        parser_logger.warning("Tool 'x' is not defined in the tools list.")
+    finally:
+        parser_logger.removeHandler(handler)
+        parser_logger.setLevel(old_level)
+    shown = [(r.levelname, r.getMessage().split(":")[0]) for r in records]
+    malformed = [("DEBUG", "Failed to decode tool call")] if level == "DEBUG" else []
+    assert shown == [*malformed, ("WARNING", "Tool 'x' is not defined in the tools list.")]
 
 
 async def test_turn_limit_cancels_session(tokenizer):
