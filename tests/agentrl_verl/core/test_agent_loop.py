@@ -177,7 +177,7 @@ async def test_malformed_call_goes_to_env_verbatim(tokenizer):
 async def test_malformed_calls_are_logged_only_at_debug(tokenizer, level):
     # verl's parser logs a call it cannot decode as an error; the environment answers such a call like any invalid
     # action, so it is the model's mistake and shows only when the user asks verl for DEBUG.
-    parser_logger = logging.getLogger(tool_parser.__file__)
+    parser_logger = tool_parser.logger
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
