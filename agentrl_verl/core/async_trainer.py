@@ -331,8 +331,10 @@ class AsyncPipelineTrainer(PPOTrainer):
 
     def on_init_end(self):
         self.checkpoint_manager.update_weights(self.global_steps)
-        self.pipeline.pacer.on_version(self.global_steps)
-        self.pipeline.pacer.on_consumed(self.global_steps * self.pipeline.batch_groups)
+        pacer = self.pipeline.pacer
+        pacer.on_version(self.global_steps)
+        pacer.on_consumed(self.global_steps * pacer.batch_groups)
+        pacer.total_groups = self.total_training_steps * pacer.batch_groups  # known once verl built its dataloader
 
     def on_train_begin(self):
         self.pump = AdmissionPump(self.pipeline, self._start_groups)

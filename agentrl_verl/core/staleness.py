@@ -42,15 +42,20 @@ class AdmissionPacer:
         max_staleness: ``K``.
         capacity: most groups outstanding (running plus finished, untrained) at once.
         max_inflight: most groups running at once, or ``None``.
+        total_groups: the groups the whole run trains (steps times ``B``), or ``None`` for no end. None are admitted
+            beyond it: the last ``K`` steps would otherwise generate groups no step trains, on cores the trainer
+            needs, and the run would wait for them at its end.
     """
 
-    def __init__(self, batch_groups: int, max_staleness: int, capacity: int, max_inflight: int | None = None):
+    def __init__(self, batch_groups: int, max_staleness: int, capacity: int, max_inflight: int | None = None,
+                 total_groups: int | None = None):
         if batch_groups < 1:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.capacity = capacity
         self.max_inflight = max_inflight
+        self.total_groups = total_groups
         self.version = 0
         self.consumed = 0
 
@@ -73,6 +78,9 @@ class AdmissionPacer:
         limits = [by_staleness, self.capacity - outstanding]
         if self.max_inflight is not None:
             limits.append(self.max_inflight - running)
+        if self.total_groups is not None:
+            # Dropped groups are neither consumed nor outstanding, so their slots are refilled.
+            limits.append(self.total_groups - self.consumed - outstanding)
         return max(0, min(limits))
 
 

@@ -40,6 +40,18 @@ def test_pacer_admits_k_plus_one_batches_ahead_and_respects_capacity_and_infligh
         pacer.on_version(0)
 
 
+def test_pacer_admits_nothing_beyond_the_groups_the_run_trains():
+    pacer = AdmissionPacer(batch_groups=4, max_staleness=1, capacity=100, total_groups=8)
+    assert pacer.quota(running=0, finished=0) == 8
+    unbounded = AdmissionPacer(batch_groups=4, max_staleness=1, capacity=100)
+    for p in (pacer, unbounded):
+        p.on_consumed(4)
+        p.on_version(1)
+    # The second (last) batch is out: the unbounded pacer would start a third the run never trains.
+    assert (pacer.quota(running=2, finished=2), unbounded.quota(running=2, finished=2)) == (0, 4)
+    assert pacer.quota(running=1, finished=0) == 3  # 3 of the last batch were dropped: their slots refill
+
+
 # ---- batch planning -----------------------------------------------------------------------------------
 
 

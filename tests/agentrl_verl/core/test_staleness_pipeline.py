@@ -43,11 +43,13 @@ class _Result:
     stale_kept: int
     multi_version_groups: int
     wall_time: float
+    left_over: int = 0  # groups admitted but never trained or dropped: generated for nothing
 
 
 def simulate(seed: int, batch_groups: int, max_staleness: int, policy: StalePolicy, steps: int) -> _Result:
     rng = random.Random(seed)
-    pacer = AdmissionPacer(batch_groups, max_staleness, capacity=(max_staleness + 1) * batch_groups + 2)
+    pacer = AdmissionPacer(batch_groups, max_staleness, capacity=(max_staleness + 1) * batch_groups + 2,
+                           total_groups=steps * batch_groups)
     outstanding: dict[str, _Group] = {}
     events: list[tuple[float, int, str, str]] = []
     order = itertools.count()
@@ -100,7 +102,8 @@ def simulate(seed: int, batch_groups: int, max_staleness: int, policy: StalePoli
         admit()
         if not training:
             try_train()
-    result.wall_time = now
+            admit()  # the pump polls: slots that a drop freed refill without waiting for another event
+    result.wall_time, result.left_over = now, len(outstanding)
     return result
 
 
@@ -110,6 +113,7 @@ def test_wait_policy_keeps_every_trained_turn_within_the_bound(seed, batch_group
     result = simulate(seed, batch_groups, max_staleness, StalePolicy.WAIT, steps=12)
     assert max(result.lags) <= max_staleness
     assert result.dropped == 0 and result.stale_kept == 0
+    assert result.left_over == 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -118,6 +122,7 @@ def test_drop_policy_trains_only_within_the_bound(seed, batch_groups, max_stalen
     result = simulate(seed, batch_groups, max_staleness, StalePolicy.DROP, steps=12)
     assert max(result.lags) <= max_staleness
     assert result.stale_kept == 0
+    assert result.trained_groups == 12 * batch_groups and result.left_over == 0  # dropped slots were refilled
 
 
 @settings(max_examples=40, deadline=None)
@@ -125,7 +130,7 @@ def test_drop_policy_trains_only_within_the_bound(seed, batch_groups, max_stalen
 def test_keep_policy_counts_every_group_beyond_the_bound(seed, batch_groups, max_staleness):
     result = simulate(seed, batch_groups, max_staleness, StalePolicy.KEEP, steps=12)
     assert result.dropped == 0
-    assert result.trained_groups == 12 * batch_groups
+    assert result.trained_groups == 12 * batch_groups and result.left_over == 0
     # stale_kept counts groups whose oldest turn is beyond the bound, so it is zero iff no turn is.
     assert (result.stale_kept == 0) == (max(result.lags) <= max_staleness)
 
