@@ -26,7 +26,9 @@ from env_adapters.tasks.os_interaction.oracle import play_oracle, tool_call_mess
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-OPTIONS = {"split": "dev", "pool_size": 4, "command_timeout": 20}
+# The data's own scripts end in well under a second: the command timeout only has to outlast a busy machine
+# (with 20 s, dev[12]'s `find /home` once earned 0 in a loaded run; the transcript of any failure is reported).
+OPTIONS = {"split": "dev", "pool_size": 4, "command_timeout": 120}
 CONCURRENCY = 8
 # Items whose own example cannot earn reward 1 (upstream too): the data is at fault, not the task.
 KNOWN_DEV_DEFECTS = {
@@ -51,9 +53,11 @@ def _raw_train_items() -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _send(env: EnvClient, session_id: int):
+def _send(env: EnvClient, session_id: int, transcript: list | None = None):
     async def send(message):
         response = await env.interact(session_id, message)
+        if transcript is not None:
+            transcript.extend([message, *response.messages])
         return response.messages, response.status.value, response.reward
 
     return send
@@ -86,18 +90,19 @@ async def test_oracle_earns_one_on_dev_and_a_train_sample(stack):
     jobs += [(f"train[{i}]", -1, raw_train[i], parse_item(raw_train[i], scripts=VENDORED_SCRIPTS))
              for i in TRAIN_SAMPLE]
     gate = asyncio.Semaphore(CONCURRENCY)
-    results = {}
+    results, transcripts = {}, {}
 
     async def play(env, name, index, custom, item):
         async with gate:
             started = await env.start_sample("os", index, custom_task=custom)
             assert started.status is SampleStatus.RUNNING, (name, started)
             assert [t["function"]["name"] for t in started.tools] == ["bash_action", "answer_action", "finish_action"]
-            results[name] = await play_oracle(item, _send(env, started.session_id))
+            transcripts[name] = []
+            results[name] = await play_oracle(item, _send(env, started.session_id, transcripts[name]))
 
     async with EnvClient(stack.url) as env:
         await asyncio.gather(*(play(env, *job) for job in jobs))
-    failures = {name: r for name, r in results.items() if r != ("completed", 1.0)}
+    failures = {name: (r, transcripts[name]) for name, r in results.items() if r != ("completed", 1.0)}
     assert len(results) == 65 and not failures
 
 
