@@ -53,11 +53,10 @@ def _raw_train_items() -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _send(env: EnvClient, session_id: int, transcript: list | None = None):
+def _send(env: EnvClient, session_id: int, transcript: list):
     async def send(message):
         response = await env.interact(session_id, message)
-        if transcript is not None:
-            transcript.extend([message, *response.messages])
+        transcript.extend([message, *response.messages])
         return response.messages, response.status.value, response.reward
 
     return send
