@@ -31,6 +31,7 @@ TRAIN_REQUIRES = [
 # The `alfworld` task: ALFWorld's TextWorld engine (builds Fast Downward from source, a few minutes; no THOR/torch
 # pieces) and nltk for upstream's BLEU action matching.
 ALFWORLD_REQUIRES = ["alfworld==0.4.2", "nltk>=3.8"]
+DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
 
 setup(
@@ -54,12 +55,13 @@ setup(
         "train": TRAIN_REQUIRES,
         "test": TEST_REQUIRES,
         "alfworld": ALFWORLD_REQUIRES,
-        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES,
+        "docs": DOCS_REQUIRES,
+        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES + DOCS_REQUIRES,
     },
     entry_points={
         "console_scripts": [
             "agentrl-env=env_adapters.cli:main",
-            "agentrl-verl=agentrl_verl.harness.cli:main",
+            "agentrl-verl=agentrl_verl.tools.cli:main",
         ],
         # verl imports every module of this group on `import verl` (also inside each Ray worker).
         "verl.plugins": ["agentrl_verl=agentrl_verl.plugin"],

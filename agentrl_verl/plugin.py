@@ -15,13 +15,14 @@ import logging
 logger = logging.getLogger(__name__)
 
 COMPONENTS: tuple[str, ...] = (
-    "agentrl_verl.harness.vllm_cpu",  # first: verl's vLLM modules look up the `vllm` distribution on import
-    "agentrl_verl.harness.platform_cpu",
-    "agentrl_verl.harness.hf_rollout",
+    "agentrl_verl.backends.vllm_cpu",  # first: verl's vLLM modules look up the `vllm` distribution on import
+    "agentrl_verl.backends.vllm_server",
+    "agentrl_verl.backends.platform_cpu",
+    "agentrl_verl.backends.hf_rollout",
     "agentrl_verl.core.agent_loop",
     "agentrl_verl.core.trainer",
     "agentrl_verl.core.async_trainer",
-    "agentrl_verl.harness.object_store_engine",  # cross-policy sampling: weight sync of standalone replicas on CPU
+    "agentrl_verl.backends.object_store_engine",  # cross-policy sampling: weight sync of standalone replicas on CPU
 )
 
 _registered = False

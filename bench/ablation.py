@@ -63,6 +63,7 @@ from agentrl_verl.harness.demo import (
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
 from bench.async_vs_sync import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
@@ -701,4 +702,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    relaunch_with_demo_threads()  # torch's threads as the demo has them (the warm-up and evaluations run here)
     sys.exit(main())

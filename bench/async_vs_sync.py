@@ -45,12 +45,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.harness.cli import main as agentrl_verl_cli
 from agentrl_verl.harness.demo import exported_actor, load_demo_config
-from agentrl_verl.harness.evaluate import evaluate_model
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
+from agentrl_verl.tools.cli import main as agentrl_verl_cli
+from agentrl_verl.tools.evaluate import evaluate_model
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.async_vs_sync")
@@ -73,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8,
                         help="training steps of each run (the speedup grows with the steps: the first fills the "
-                             "pipeline; the README's figures use 28)")
+                             "pipeline; docs/training/async.md's figures use 28)")
     parser.add_argument("--batch", type=int, default=4, help="groups (prompts) per step, data.train_batch_size")
     parser.add_argument("--n", type=int, default=4, help="trajectories per group, rollout.n")
     parser.add_argument("--max-staleness", type=int, default=3, help="agentrl.async.max_staleness of the async run")
@@ -763,4 +764,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    relaunch_with_demo_threads()  # torch's threads as the demo has them (the warm-up and evaluations run here)
     sys.exit(main())

@@ -12,7 +12,7 @@ finished runs of ``--seeds`` under ``DIR``.
 held-out success before -> after RL and its change, with the run's total time; pooled over seeds, the mean success
 before and after, the mean change +- its standard error over seeds, and the held-out indices that went up (fail ->
 success) and down (success -> fail) pooled over every seed's episodes, with the one-sided exact sign test on them
-(:mod:`agentrl_verl.harness.compare`); and per seed how many families rose (change > 0), with how many seeds had at
+(:mod:`agentrl_verl.tools.compare`); and per seed how many families rose (change > 0), with how many seeds had at
 least :data:`FAMILIES_UP` families rise. The last line printed is ``key=value`` pairs: per family and mode the mean
 change, its standard error and the p-value, then the seeds and how many of them had :data:`FAMILIES_UP` families
 rise in each mode.
@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.harness.compare import paired_changes, sign_test_p
 from agentrl_verl.harness.demo import DemoConfig, load_demo_config
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.tools.compare import paired_changes, sign_test_p
 from bench.async_vs_sync import mean_and_se, run_processes
 
 logger = logging.getLogger("bench.demo_seeds")
@@ -125,7 +125,7 @@ def saved_run(folder: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
 def demo_command(config: str, seed: int, overrides: Sequence[str], folder: Path) -> list[str]:
     """The demo's command line of seed ``seed`` (its CLI module, so that no console script is needed)."""
     sets = [arg for override in (*seed_overrides(seed), *overrides) for arg in ("--set", override)]
-    return [sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--config", config, *sets,
+    return [sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--config", config, *sets,
             "--output-dir", str(folder)]
 
 

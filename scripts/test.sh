@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (idempotent), lint, then run the test suite. Extra arguments go to pytest, e.g.
+# Set up (idempotent), lint, build the docs, then run the test suite. Extra arguments go to pytest, e.g.
 #   bash scripts/test.sh -m "not slow"      # fast tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,9 @@ bash scripts/setup.sh --vllm  # the vllm-marked tests run main_ppo from .venv-vl
 echo "[test] set-up took $((SECONDS - start)) s"
 echo "[test] ruff"
 .venv/bin/ruff check .
+echo "[test] docs"
+# --strict: a broken link, a missing anchor or a page left out of the navigation fails the build.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 echo "[test] pytest"
 # The 20 slowest tests are listed at the end: where the suite's time goes.
 exec .venv/bin/python -m pytest --durations=20 "$@"

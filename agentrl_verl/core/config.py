@@ -14,7 +14,8 @@ Every option and its default is declared here and nowhere else::
 ``agentrl``, a value of the wrong type or range, or a contradictory combination with verl's own keys stops the
 launch with a :class:`ConfigError` that names each bad key and, for a misspelt one, the nearest valid key. It writes
 the complete validated tree back, so every Ray worker receives exactly what the driver checked and reads it through
-:func:`agentrl_config`. The README's table of ``agentrl.*`` keys is :func:`config_table` (a test keeps them equal).
+:func:`agentrl_config`. The table of ``agentrl.*`` keys in ``docs/config.md`` is :func:`config_table` (a test keeps
+them equal).
 
 Pure Python (pydantic dataclasses): no verl, Ray or torch (the check of a fixed pool model's tokenizer loads
 transformers).
@@ -497,5 +498,5 @@ def config_rows(cls: type = AgentRLConfig, prefix: str = ROOT) -> list[tuple[str
 
 
 def config_table() -> str:
-    """The README's markdown rows of the ``agentrl.*`` keys (header excluded)."""
+    """The markdown rows (``docs/config.md``) of the ``agentrl.*`` keys (header excluded)."""
     return "\n".join(f"| `{key}` | {default} | {meaning} |" for key, default, meaning in config_rows())

@@ -14,7 +14,7 @@
   loops, refreshes the stale weights on schedule and logs the ``cross_policy/*`` metrics. With ``enable=false`` (the
   default) every hook passes straight through.
 
-Evaluation pools of named external endpoints are built by :mod:`agentrl_verl.harness.evaluate`.
+Evaluation pools of named external endpoints are built by :mod:`agentrl_verl.tools.evaluate`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 verl has no public API for some of what a plugin must do (fill a private registry, hook a V1 trainer's steps, read
 its replay buffer's state, work around accelerator assumptions on CPU). :data:`PRIVATE` lists each such member with
 what we do with it, where, and the parameters we rely on; :func:`check` compares one entry with the installed verl
-and ``tests/agentrl_verl/core/test_verl_seam.py`` runs it for all (``tests/agentrl_verl/harness/test_vllm_cpu.py``
+and ``tests/agentrl_verl/core/test_verl_seam.py`` runs it for all (``tests/agentrl_verl/backends/test_vllm_cpu.py``
 for those of verl's vLLM modules, in the vLLM environment), so a verl release that moves one of them fails with a
 message naming the member and the module to update instead of breaking a run. Private module-level objects are
 reached only through the accessors below; the per-sample fields of a batch only through :func:`batch_fields`.
@@ -41,7 +41,7 @@ class Private:
 _TRAINER = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
 _BUFFER = "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer"
 _SYNC, _ASYNC, _POOL = "core.trainer", "core.async_trainer", "core.policy_pool"
-_CPU, _HF, _VLLM = "harness.platform_cpu", "harness.hf_rollout", "harness.vllm_cpu"
+_CPU, _HF, _VLLM = "backends.platform_cpu", "backends.hf_rollout", "backends.vllm_cpu"
 _VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer"
 VLLM_MODULES = ("verl.workers.rollout.vllm_rollout",)
 """verl modules that import vLLM: their entries are checked in the vLLM environment (``needs_vllm``)."""
@@ -137,7 +137,7 @@ def check(entry: Private) -> None:
 
 
 def needs_vllm(entry: Private) -> bool:
-    """Whether checking ``entry`` imports vLLM (``tests/agentrl_verl/harness/test_vllm_cpu.py`` checks those)."""
+    """Whether checking ``entry`` imports vLLM (``tests/agentrl_verl/backends/test_vllm_cpu.py`` checks those)."""
     return entry.path.startswith(VLLM_MODULES)
 
 

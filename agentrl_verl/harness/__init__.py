@@ -1,7 +1,5 @@
-"""The runnable harness around the core: what makes AgentRL run on a CPU machine and what drives it.
+"""The demo that runs AgentRL end to end on a CPU machine with no downloads.
 
-The ``hf`` rollout backend (:mod:`.hf_rollout`), the ``cpu`` verl platform (:mod:`.platform_cpu`), CPU weight sync
-of standalone replicas (:mod:`.object_store_engine`), the tiny offline model (:mod:`.tiny_model`), datasets
-(:mod:`.data`), cold start (:mod:`.cold_start`), the demo (:mod:`.demo`), evaluation (:mod:`.evaluate`), Hydra
-presets (:mod:`.presets`) and the ``agentrl-verl`` command (:mod:`.cli`).
+The tiny offline model (:mod:`.tiny_model`), the supervised cold start (:mod:`.cold_start`) and its cached warm-up
+(:mod:`.warmup_cache`), the demo runner (:mod:`.demo`) and the Hydra presets it trains with (:mod:`.presets`).
 """

@@ -11,7 +11,7 @@ kept in-process so that it can stop early on held-out success):
    except the assistant's own (its content, tool calls and closing ``<|im_end|>``).
 3. :func:`supervised_warmup` trains on them with AdamW and checks greedy held-out success every few steps
    (through a callback: the demo plays the episodes with the training agent loop,
-   :func:`agentrl_verl.harness.evaluate.evaluate_model`), stopping inside a success window so that RL has room left.
+   :func:`agentrl_verl.tools.evaluate.evaluate_model`), stopping inside a success window so that RL has room left.
    Once success starts to rise it checks after every step, each check first playing a few of the held-out indices
    and the rest only when those come near the stop (the checks, not the training steps, were most of its time).
 """

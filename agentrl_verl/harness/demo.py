@@ -10,7 +10,7 @@ What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset `
    room (:mod:`.cold_start`). With ``warmup.reuse`` a model warmed up by an earlier run with the same settings is
    taken from the cache instead (:mod:`.warmup_cache`), and a new one is kept there.
 4. Evaluates every task on held-out indices through the stack (greedy, and sampled) with the agent loop that
-   trains (:func:`agentrl_verl.harness.evaluate.evaluate_model`).
+   trains (:func:`agentrl_verl.tools.evaluate.evaluate_model`).
 5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
    cross-policy sampling, showing each step's reward and success per task as it goes. A run that stalls (no
    step and no output for ``rl.stall_s``) is stopped; there is no limit on its length.
@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from agentrl_verl.harness import vllm_cpu
+from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.cold_start import (
     WarmupConfig,
     WarmupResult,
@@ -54,9 +54,10 @@ from agentrl_verl.harness.cold_start import (
     supervised_warmup,
     warmup_device,
 )
-from agentrl_verl.harness.evaluate import EvalResult, evaluate_model
+from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir
 from agentrl_verl.harness.warmup_cache import cached_warmup
+from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class TaskSpec:
 
 @dataclass
 class EvalSpec:
-    """How held-out evaluation plays episodes (the training agent loop, see :mod:`agentrl_verl.harness.evaluate`)."""
+    """How held-out evaluation plays episodes (the training agent loop, see :mod:`agentrl_verl.tools.evaluate`)."""
 
     warmup_indices: int = 100
     sampled: bool = True
@@ -238,7 +239,7 @@ def write_datasets(out: Path, train_indices: dict[str, list[Index]], held_out: d
     """verl parquet files: ``rows`` training rows shared by weight over training indices; held-out rows as val."""
     import pandas as pd
 
-    from agentrl_verl.harness.data import build_datasets, make_row
+    from agentrl_verl.tools.data import build_datasets, make_row
 
     train, _ = build_datasets(train_indices, weights, train_size=rows, val_fraction=0.0, seed=seed)
     val = [make_row(task, i, "val") for task, indices in held_out.items() for i in indices]
@@ -292,9 +293,9 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
 
     Ray starts its workers at nice 15 with ``OMP_NUM_THREADS=1`` (or the CPUs a bundle asks for, which on a small
     machine oversubscribes it). The demo's trainer and rollout workers are the heavy processes, so each gets every
-    core the process may use, at normal priority, and OpenMP threads that wait passively: the workers import torch
-    before this package can set that (see ``agentrl_verl/__init__.py``), and with libgomp's spinning default the
-    trainer, the two rollout replicas and the agent loop fight over the cores (RL steps of 60-90 s instead of 8-15 s
+    core the process may use, at normal priority, and OpenMP threads that wait passively
+    (:mod:`agentrl_verl.harness.threads`): with libgomp's spinning default the trainer, the two rollout replicas and
+    the agent loop fight over the cores (RL steps of 60-90 s instead of 8-15 s
     at load average 20-30). TransferQueue's own thread count defaults to 8, and it warns at every transfer
     on a machine with fewer cores (thousands of log lines per run). Values already set in the environment win.
     """
@@ -716,6 +717,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM unwind through the finally blocks that stop the stack and the verl run. SIGINT is set
     # explicitly because a process started in the background by a non-interactive shell inherits it ignored.
+    relaunch_with_demo_threads()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     config = load_demo_config(args.config, args.overrides)

@@ -6,7 +6,7 @@
 #     CONTROLLER_URL  the environment controller (env/agentbench_fc.yaml plus upstream workers), e.g. http://env:5020
 #     DATA_DIR        folder with train.parquet / val.parquet from prepare_data.sh
 # Multi-node: start a Ray cluster over the nodes first (ray start --head / ray start --address=...), then run this
-# on the head node. Asynchronous pipeline: add trainer.v1.trainer_mode=agentrl_async (see README).
+# on the head node. Asynchronous pipeline: add trainer.v1.trainer_mode=agentrl_async (docs/training/async.md).
 set -euo pipefail
 if [ $# -lt 4 ]; then sed -n 2,9p "$0"; exit 2; fi
 SIZE=$1 MODEL=$2 URL=$3 DATA=$4

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agentrl_verl.harness.demo import load_demo_config, summarize
-from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.tools.evaluate import EvalResult
 from bench import async_vs_sync, demo_seeds
 from bench.demo_seeds import (
     MODES,
@@ -157,7 +157,7 @@ def test_a_missing_seed_runs_the_demo_into_its_folder(tmp_path, fake_demo, caplo
     folder = tmp_path / "seed_1"
     with caplog.at_level("INFO", logger="bench.demo_seeds"):
         summary = run_seeds(args, tmp_path)[1]
-    assert fake_demo.commands == [[sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--config", MULTITASK,
+    assert fake_demo.commands == [[sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--config", MULTITASK,
                                    "--set", "seed=1", "--set", "warmup.seed=1", "--set", "rl.steps=3",
                                    "--output-dir", str(folder)]]
     assert summary["status"] == "finished" and summary["config"]["rl"]["steps"] == 3

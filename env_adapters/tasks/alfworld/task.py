@@ -186,7 +186,7 @@ class ALFWorldTask(Task):
 def _game_files(data_path: str | None, index_file: str | None) -> list[Path]:
     if not data_path:
         raise ValueError("alfworld: games=files needs data_path, the folder holding upstream's json_2.1.1 game "
-                         "folders (see the README)")
+                         "folders (see docs/environments/alfworld.md)")
     root = Path(data_path).expanduser()
     if index_file:
         listing = json.loads(Path(index_file).expanduser().read_text(encoding="utf-8"))

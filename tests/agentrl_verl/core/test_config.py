@@ -1,4 +1,4 @@
-"""The one ``agentrl`` config tree: defaults, typo and type errors, contradictions, the driver's write-back, README."""
+"""The one ``agentrl`` config tree: defaults, typo and type errors, contradictions, write-back, the docs' table."""
 
 import re
 from pathlib import Path
@@ -22,7 +22,7 @@ from agentrl_verl.core.config import (
     with_overrides,
 )
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+CONFIG_PAGE = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 
 
 def test_defaults_are_upstream():
@@ -210,6 +210,6 @@ def test_driver_writes_the_complete_tree_back_for_the_workers():
 
 
 def test_readme_table_is_the_config():
-    rows = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| `agentrl.")]
-    assert "\n".join(rows) == config_table(), f"README's agentrl.* rows must be exactly:\n{config_table()}"
+    rows = [line for line in CONFIG_PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| `agentrl.")]
+    assert "\n".join(rows) == config_table(), f"docs/config.md's agentrl.* rows must be exactly:\n{config_table()}"
 

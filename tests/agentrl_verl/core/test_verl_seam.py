@@ -17,7 +17,7 @@ def test_verl_is_the_pinned_release():
     assert version("verl") == verl_seam.VERL_VERSION, "the seam was written against this verl; re-check every entry"
 
 
-HERE = [entry for entry in PRIVATE if not verl_seam.needs_vllm(entry)]  # the others: harness/test_vllm_cpu.py
+HERE = [entry for entry in PRIVATE if not verl_seam.needs_vllm(entry)]  # the others: backends/test_vllm_cpu.py
 
 
 @pytest.mark.parametrize("entry", HERE, ids=[entry.path for entry in HERE])
@@ -53,8 +53,8 @@ def _private_names_used(package: Path) -> set[str]:
 def test_every_private_member_used_in_the_package_is_in_the_seam():
     declared = {entry.path.partition(":")[2].rpartition(".")[2] for entry in PRIVATE}
     not_verl = {"_temp_dir",  # ray.init's argument, set through verl's ray_kwargs
-                "_custom_ops", "_supports_onednn",  # vLLM's, checked where vLLM runs (harness/test_vllm_cpu.py)
-                "_config"}  # multiprocessing's semaphore prefix, checked by harness/test_vllm_cpu.py
+                "_custom_ops", "_supports_onednn",  # vLLM's, checked where vLLM runs (backends/test_vllm_cpu.py)
+                "_config"}  # multiprocessing's semaphore prefix, checked by backends/test_vllm_cpu.py
     used = _private_names_used(Path(agentrl_verl.__file__).parent) - not_verl
     assert {"_compute_advantage", "_ROLLOUT_REGISTRY", "_engines"} <= used  # the scan sees all three kinds
     assert used <= declared, f"used but not declared in verl_seam.PRIVATE: {sorted(used - declared)}"

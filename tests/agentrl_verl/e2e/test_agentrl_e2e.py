@@ -11,8 +11,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from agentrl_verl.harness.cli import main as agentrl_verl_cli
 from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agentrl_verl.core.cross_policy import stale_version
-from agentrl_verl.harness.data import make_row
 from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.tools.data import make_row
 
 pytestmark = pytest.mark.slow
 
@@ -175,8 +175,8 @@ class CompletionsServer:
         from fastapi import FastAPI
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from agentrl_verl.harness.hf_rollout.engine import HFGenerationEngine
-        from agentrl_verl.harness.hf_rollout.sampling import SamplingParams
+        from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine
+        from agentrl_verl.backends.hf_rollout.sampling import SamplingParams
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype="float32")
@@ -233,7 +233,7 @@ async def test_evaluation_mixes_two_models_per_turn(env_url, two_models):
 
     from agentrl_verl.core.config import Endpoint
     from agentrl_verl.core.cross_policy import TurnLog
-    from agentrl_verl.harness.evaluate import evaluate, evaluation_config
+    from agentrl_verl.tools.evaluate import evaluate, evaluation_config
 
     servers = [CompletionsServer(path) for path in two_models]
     try:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.core.cross_policy import stale_version
-from agentrl_verl.harness import vllm_cpu
-from agentrl_verl.harness.cli import main as agentrl_verl_cli
 from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl_verl.harness import vllm_cpu
+from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
-from agentrl_verl.harness.compare import paired_gain, sign_test_p
 from agentrl_verl.harness.demo import (
     DemoProgress,
     RLStopped,
@@ -35,9 +34,10 @@ from agentrl_verl.harness.demo import (
     warmup_settings,
     write_summary,
 )
-from agentrl_verl.harness.evaluate import EvalResult
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.warmup_cache import cache_key
+from agentrl_verl.tools.compare import paired_gain, sign_test_p
+from agentrl_verl.tools.evaluate import EvalResult
 
 DEMO_RUN = Path(CONFIG_DIR) / "demo_run.yaml"
 MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
@@ -153,46 +153,6 @@ def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(mon
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     env = rl_environment(tmp_path / "m.jsonl")
     assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == ("3", "ACTIVE")
-
-
-def test_torch_threads_wait_passively_in_processes_that_import_the_package():
-    # libgomp reads the policy once, when torch loads: print it at the moment a fresh interpreter first imports torch.
-    code = ("import os, sys\n"
-            "class Spy:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'torch':\n"
-            "            print('policy', os.environ.get('OMP_WAIT_POLICY'))\n"
-            "sys.meta_path.insert(0, Spy())\n"
-            "import agentrl_verl\n")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert [line for line in out.splitlines() if line.startswith("policy")] == ["policy PASSIVE"]
-
-
-@pytest.mark.parametrize(("given", "parent", "child"), [
-    ({}, "20000", "0"),
-    ({"GOMP_SPINCOUNT": "0"}, "0", "0"),
-    ({"GOMP_SPINCOUNT": "300000"}, "300000", "300000"),
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, None, None),
-    ({"RAY_RAYLET_PID": "1"}, None, None),  # a Ray worker, which imports our classes before torch
-], ids=["default", "user-off", "user-count", "user-active", "ray-worker"])
-def test_only_the_importing_process_spins_briefly_unless_the_user_says(given, parent, child):
-    # The spin count torch loads with, in a process that imports the package and in one that it starts and that
-    # imports the package too (as verl's workers and vLLM's processes do).
-    spy = ("import os, sys\n"
-           "class Spy:\n"
-           "    def find_spec(self, name, path=None, target=None):\n"
-           "        if name == 'torch':\n"
-           "            print(os.environ.get('AGENTRL_TEST_ROLE'), 'loaded with', os.environ.get('GOMP_SPINCOUNT'))\n"
-           "sys.meta_path.insert(0, Spy())\n"
-           "import agentrl_verl\n")
-    code = (spy + "import subprocess\n"
-            f"subprocess.run([sys.executable, '-c', {spy!r}], env={{**os.environ, 'AGENTRL_TEST_ROLE': 'child'}})\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "RAY_RAYLET_PID")}
-    env = {**env, **given, "AGENTRL_TEST_ROLE": "parent"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    lines = [line for line in out.splitlines() if " loaded with " in line]
-    assert lines == [f"parent loaded with {parent}", f"child loaded with {child}"]
 
 
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
@@ -360,7 +320,7 @@ DEMO_HANG_GUARD_S = 4 * 3600
 
 def _run_demo(out: Path, *args: str) -> str:
     """Run ``agentrl-verl demo`` into ``out``; returns its log (stderr)."""
-    cmd = [sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--output-dir", str(out), *args]
+    cmd = [sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--output-dir", str(out), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=DEMO_HANG_GUARD_S)
     assert res.returncode == 0, res.stderr[-5000:]
     return res.stderr
@@ -449,7 +409,7 @@ def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_during_rl_stops_everything(tmp_path):
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "agentrl_verl.harness.cli", "demo", "--output-dir", str(out),
+    cmd = [sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--output-dir", str(out),
            "--config", str(_settings_without_os(tmp_path)), "--set", "warmup.max_steps=5", "--set",
            "eval.sampled=false", "--set", "demonstrations=64", "--set", "tasks.0.held_out=16", "--set",
            "eval.warmup_indices=16"]
