@@ -75,10 +75,10 @@ def accept_wait_for_inflight_requests(module: ModuleType) -> bool:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after the module ``name`` is executed, wherever it is first imported."""
+    """Runs each of its callbacks on the module ``name`` right after it is executed, wherever it is first imported."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], Any]) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str) -> None:
+        self.name, self.callbacks = name, []
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.name:
@@ -91,19 +91,28 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             execute(module)
-            self.callback(module)
+            for callback in self.callbacks:
+                callback(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
-def _on_import(name: str, callback: Callable[[ModuleType], Any]) -> None:
-    """Run ``callback(module)`` on the module ``name`` now if it is imported, else right after its import."""
+def on_import(name: str, callback: Callable[[ModuleType], Any]) -> None:
+    """Run ``callback(module)`` on the module ``name`` now if it is imported, else right after its import.
+
+    Callbacks of one module run in the order they were given; giving the same one twice runs it once.
+    """
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    if callback not in finder.callbacks:
+        finder.callbacks.append(callback)
 
 
 VLLM_SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
@@ -144,8 +153,8 @@ def patch_pause_api() -> None:
     """Apply :func:`accept_wait_for_inflight_requests` to vLLM's ``AsyncLLM`` and :func:`add_pause_generation` to
     verl's vLLM server, now or when their modules are imported (before verl's replicas make Ray actors of it)."""
     if metadata_has_vllm():
-        _on_import(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests)
-        _on_import(VLLM_SERVER_MODULE, add_pause_generation)
+        on_import(ASYNC_LLM_MODULE, accept_wait_for_inflight_requests)
+        on_import(VLLM_SERVER_MODULE, add_pause_generation)
 
 
 def register() -> None:

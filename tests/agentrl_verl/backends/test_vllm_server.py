@@ -91,3 +91,25 @@ async def test_server_pause_closes_the_gate_and_waits_for_running_requests():
 
     module.vLLMHttpServer = ServerWithPause
     assert vllm_server.add_pause_generation(module) is False
+
+
+def test_every_callback_given_for_a_module_runs_once_after_its_import(tmp_path, monkeypatch):
+    (tmp_path / "agentrl_later_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def first(module):
+        seen.append(("first", module.VALUE))
+
+    def second(module):
+        seen.append(("second", module.VALUE))
+
+    vllm_server.on_import("agentrl_later_module", first)
+    vllm_server.on_import("agentrl_later_module", second)
+    vllm_server.on_import("agentrl_later_module", first)  # given twice, runs once
+    assert seen == []
+    import agentrl_later_module  # noqa: F401
+
+    assert seen == [("first", 1), ("second", 1)]
+    vllm_server.on_import("agentrl_later_module", first)  # already imported: at once
+    assert seen[-1] == ("first", 1)

@@ -8,6 +8,7 @@ run must leave nothing behind: no process of its own, no shared-memory segment (
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -19,9 +20,12 @@ from agentrl_verl.core.cross_policy import stale_version
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
+HERE = Path(__file__).resolve().parent
+
 RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 
+BATCH_PROMPTS = 4  # data.train_batch_size of the cpu_vllm preset
 K = 2  # cross-policy: the stale pool is refreshed every K steps
 EXIT_WAIT_S = 60  # the driver stops the run's processes at its exit; the last of them may take a while to go
 # Whatever a run may leave, the semaphores of any name: one the run failed to name after itself counts too.
@@ -39,14 +43,15 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def run_vllm(run_main_ppo, vllm_python):
-    def run(workdir: Path, name: str, *overrides: str) -> tuple[str, dict[int, dict]]:
-        """One ``main_ppo`` run on vLLM; asserts it left no process and no segment; returns its log and per-step
-        metrics."""
+    def run(workdir: Path, name: str, *overrides: str,
+            env: dict[str, str] | None = None) -> tuple[str, dict[int, dict]]:
+        """One ``main_ppo`` run on vLLM (``env`` added to its environment); asserts it left no process and no
+        segment; returns its log and per-step metrics."""
         run_id = uuid.uuid4().hex
         before = vllm_cpu.shm_segments(LEFTOVERS)
         # Every process of the run inherits the run's id (the driver takes it from here). The plugin by name as well:
         # a checkout on PYTHONPATH may be newer than the one installed in .venv-vllm.
-        env = {vllm_cpu.RUN_ID_ENV: run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin"}
+        env = {vllm_cpu.RUN_ID_ENV: run_id, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin", **(env or {})}
         log, steps = run_main_ppo(workdir, build_tiny_model(), name, *overrides, python=vllm_python,
                                   preset=vllm_cpu.PRESET, timeout_s=RUN_TIMEOUT_S, env=env)
         deadline = time.monotonic() + EXIT_WAIT_S
@@ -79,6 +84,17 @@ def tail_stack(start_stack):
                           "step_latency": {"dist": "lognormal", "median_s": 0.2, "sigma": 1.5, "max_s": 4.0}}}
     with start_stack([worker]) as env:
         yield env
+
+
+@pytest.fixture
+def held_stack(start_stack, tmp_path):
+    """Instant multi-turn episodes, those of all but the first batch's prompts held until the first update
+    (``held_chatter_task.py``); 64 indices, so that no prompt of the data is repeated."""
+    release = tmp_path / "release"
+    worker = {"task": "held_chatter_task:HeldChatterTask", "name": "chatter", "concurrency": 32,
+              "options": {"rounds": 4, "size": 64, "free_prompts": BATCH_PROMPTS, "release_file": str(release)}}
+    with start_stack([worker]) as env:
+        yield env, release
 
 
 def make_data(url: str, out: Path, size: int) -> None:
@@ -129,8 +145,9 @@ def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm
             assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
 
 
-def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps: int = 3) -> dict[int, dict]:
-    """``steps`` steps of ``agentrl_async`` (bound 1) on the slow multi-turn stack; checks what holds for every run."""
+def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps: int = 3,
+              env: dict[str, str] | None = None) -> dict[int, dict]:
+    """``steps`` steps of ``agentrl_async`` (bound 1) on a multi-turn stack; checks what holds for every run."""
     make_data(stack.url, workdir, 32)
     _, metrics = run_vllm(
         workdir, name,
@@ -155,6 +172,7 @@ def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps:
         # produced it (both of a resumed turn's), is checked against the actor's recomputation.
         "actor_rollout_ref.actor.optim.lr=1e-6",
         *overrides,
+        env=env,
     )
     assert sorted(metrics) == list(range(1, steps + 1))
     for step, m in metrics.items():
@@ -168,15 +186,21 @@ def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps:
     return metrics
 
 
-def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(tail_stack, tmp_path, run_vllm):
-    # Four steps: the groups admitted at each update are generating at the next one, but only the turns running at
-    # that instant (at most max_num_seqs) are aborted, and an update may find every episode waiting on the environment.
-    # Here steps 3 and 4 trained 2 resumed turns each; a CI run of three steps once trained none.
-    steps = run_async(tail_stack, tmp_path, run_vllm, "vllm_async_interrupt",
-                      "+agentrl.async.stale_policy=drop", "+agentrl.async.interrupt=true", steps=4)
-    # Weight updates aborted running vLLM generations, which went on on the new weights within the same turn and were
-    # trained, counted at the version they started on.
-    assert sum(m["async/resumed_turns"] for m in steps.values()) > 0, [m["async/resumed_turns"] for m in steps.values()]
+def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(held_stack, tmp_path, run_vllm):
+    # The first batch is the free prompts' groups; the others' episodes wait at their first step until the first
+    # update, which the hook (hold_update.py) lets land only once one of their turns is decoding, with three quarters
+    # of its tokens to come (ignore_eos: every turn runs to max_new_tokens). Step 2 trains those groups.
+    stack, release = held_stack
+    env = {"AGENTRL_TEST_RELEASE_FILE": str(release),  # hold_update.RELEASE_ENV (test files cannot import each other)
+           "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin,hold_update",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    steps = run_async(stack, tmp_path, run_vllm, "vllm_async_interrupt", "+agentrl.async.stale_policy=drop",
+                      "+agentrl.async.interrupt=true", "actor_rollout_ref.rollout.ignore_eos=true", steps=2, env=env)
+    assert release.exists()
+    # The update aborted the decoding turn, which went on on the new weights within the same turn and was trained,
+    # counted at the version it started on (the bound held: run_async checks turn_lag/over).
+    assert steps[1]["async/resumed_turns"] == 0, steps[1]
+    assert steps[2]["async/resumed_turns"] > 0, steps[2]
 
 
 def test_async_trainer_updates_weights_between_turns_on_vllm(tail_stack, tmp_path, run_vllm):
