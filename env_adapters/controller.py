@@ -43,12 +43,14 @@ from env_adapters.http import (
     HTTPClient,
     HTTPError,
     HTTPServer,
+    InsecureBindError,
     Request,
     Response,
     auth_headers,
     body_index,
     body_message,
     body_session_id,
+    check_bind,
     drain,
     dumps,
     json_response,
@@ -136,9 +138,10 @@ class _WorkerGone(Exception):
 class Controller:
     """The controller's state and routes. Single event loop; no locks needed, as no state change awaits."""
 
-    def __init__(self, config: ControllerConfig | None = None, token: str | None = None) -> None:
+    def __init__(self, config: ControllerConfig | None = None, token: str | None = None,
+                 allow_no_token: bool = False) -> None:
         self.config = config or ControllerConfig()
-        self.token = token
+        self.token, self.allow_no_token = token, allow_no_token
         self.workers: dict[int, WorkerEntry] = {}
         self.sessions: dict[int, SessionEntry] = {}
         self._by_address: dict[tuple[str, str], WorkerEntry] = {}
@@ -177,7 +180,8 @@ class Controller:
         """Serve and start the expiry sweep; return the base URL (``http://host:port``)."""
         # No connection cap towards workers: their own concurrency bounds the requests in flight.
         self._http = HTTPClient(headers=auth_headers(self.token))
-        self._server = HTTPServer(self.routes(), self.token, self.config.max_body_mb)
+        self._server = HTTPServer(self.routes(), self.token, self.config.max_body_mb,
+                                  allow_no_token=self.allow_no_token)
         bound = await self._server.start(host, port)
         self._cleaner = asyncio.create_task(self._clean_loop())
         url = f"http://{host}:{bound}"
@@ -561,7 +565,9 @@ class Controller:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="bind port (0: any free port)")
-    parser.add_argument("--token", help="shared token required on every route (use it off loopback)")
+    parser.add_argument("--token", help="shared token required on every route (required off loopback)")
+    parser.add_argument("--allow-no-token", action="store_true",
+                        help="listen off loopback without a token (trusted networks only; logged loudly)")
     parser.add_argument("--url-file", help="write the controller's URL to this file once it serves")
     for f in fields(ControllerConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=float, default=f.default,
@@ -570,7 +576,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = ControllerConfig(**{f.name: getattr(args, f.name) for f in fields(ControllerConfig)})
-    controller = Controller(config, token=args.token)
+    controller = Controller(config, token=args.token, allow_no_token=args.allow_no_token)
+    try:
+        check_bind(args.host, args.token, args.allow_no_token)
+    except InsecureBindError as e:
+        logger.error("%s", e)
+        return 2
 
     async def main(stop: asyncio.Event) -> None:
         try:

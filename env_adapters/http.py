@@ -21,14 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
+import os
+import secrets
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from functools import lru_cache
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -183,6 +188,76 @@ def auth_headers(token: str | None) -> dict[str, str]:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def read_token_file(path: str | os.PathLike) -> str:
+    """The token kept in the file ``path`` (surrounding whitespace stripped).
+
+    Raises:
+        ValueError: the file is missing, unreadable or empty (the message says how to make one).
+    """
+    file = Path(path).expanduser()
+    try:
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ValueError(f"cannot read the token file {file}: {e.strerror}; `agentrl-env up` writes one where its "
+                         "stack YAML names it (controller.token_file), or make one readable on every node") from e
+    if not token:
+        raise ValueError(f"the token file {file} is empty")
+    return token
+
+
+def ensure_token_file(path: str | os.PathLike) -> str:
+    """The token in ``path``; where the file does not exist, a new random one written there (mode 0600)."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+        logger.info("wrote a new environment token to %s (give the training side agentrl.env.token_file=%s)",
+                    file, file)
+    return read_token_file(file)
+
+
+class InsecureBindError(ValueError):
+    """A server was asked to listen off loopback without a token."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) reaches this machine's loopback interface only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def check_bind(host: str, token: str | None, allow_no_token: bool = False) -> None:
+    """Refuse to listen on ``host`` without a token unless it is loopback, or the caller opted out.
+
+    Anyone who can reach an open controller or worker can start sessions, and in the ``os`` task run shell commands
+    in its containers: off loopback, a token is the only gate.
+
+    Raises:
+        InsecureBindError: ``host`` is not loopback, ``token`` is empty and ``allow_no_token`` is false.
+    """
+    if token or is_loopback(host):
+        return
+    if not allow_no_token:
+        raise InsecureBindError(
+            f"refusing to listen on {host!r} without a token: anyone who can reach that address could start "
+            "sessions and run commands in task containers. Set a token (--token; `controller.token` in a stack "
+            "YAML, with `agentrl.env.token` on the training side), bind 127.0.0.1, or, on a trusted network only, "
+            "pass --allow-no-token (`controller.allow_no_token: true`)")
+    logger.warning("listening on %s WITHOUT A TOKEN (--allow-no-token): anyone who can reach it can start sessions "
+                   "and run commands in task containers; use this on a trusted network only", host)
+
+
 class HTTPServer:
     """Serve ``routes`` (``{("POST", "/api/interact"): handler}``) with an optional shared token and body limit.
 
@@ -191,11 +266,13 @@ class HTTPServer:
         token: When set, every request must carry ``Authorization: Bearer <token>`` (else 401).
         max_body_mb: Largest request body accepted (413 beyond).
         slack_bytes: Accepted beyond ``max_body_mb`` (a worker's :data:`ENVELOPE_BYTES`).
+        allow_no_token: Listen off loopback without a token (loudly logged; see :func:`check_bind`).
     """
 
     def __init__(self, routes: dict[tuple[str, str], Handler], token: str | None = None,
-                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0) -> None:
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0, allow_no_token: bool = False) -> None:
         self.routes = routes
+        self.token, self.allow_no_token = token, allow_no_token
         self._paths = {path for _, path in routes}
         self._expected_auth = f"Bearer {token}".encode() if token else None
         self.max_body = int(max_body_mb * 2**20) + slack_bytes
@@ -204,7 +281,12 @@ class HTTPServer:
         self.closing = False
 
     async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port); return the bound port."""
+        """Listen on ``host:port`` (0: any free port); return the bound port.
+
+        Raises:
+            InsecureBindError: ``host`` is off loopback and the server has no token (:func:`check_bind`).
+        """
+        check_bind(host, self.token, self.allow_no_token)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port, backlog=4096)
         return self._server.sockets[0].getsockname()[1]

@@ -3,6 +3,10 @@
 Config::
 
     controller: {host: 127.0.0.1, port: 5020, token: null, session_idle_timeout: 300, ...}  # ControllerConfig keys
+
+Off loopback the controller needs a token: ``token``, or ``token_file`` (a file holding it, made with a random token
+when it does not exist; the training side reads it with ``agentrl.env.token_file``), or, on a trusted network only,
+``allow_no_token: true``.
     workers:
       - {task: calc, name: calc, replicas: 2, concurrency: 64, threads: 8, options: {seed: 0}}
 
@@ -31,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
+from env_adapters.http import ensure_token_file
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
 logger = logging.getLogger(__name__)
@@ -52,6 +57,14 @@ class ControllerSpec(BaseModel):
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     token: str | None = None
+    token_file: str | None = None  # read, or made with a random token where it does not exist
+    allow_no_token: bool = False  # listen off loopback without a token (trusted networks only)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ControllerSpec:
+        if self.token and self.token_file:
+            raise ValueError("set controller.token or controller.token_file, not both")
+        return self
 
 
 class WorkerSpec(_Strict):
@@ -83,7 +96,7 @@ def load_config(config: dict[str, Any] | str | Path) -> StackConfig:
     unknown = sorted(set(parsed.controller.model_extra or {}) - known)
     if unknown:
         raise ValueError(f"invalid stack config {source}: unknown controller key(s) {unknown}; known: "
-                         f"host, port, token, {', '.join(sorted(known))}")
+                         f"host, port, token, token_file, allow_no_token, {', '.join(sorted(known))}")
     return parsed
 
 
@@ -117,6 +130,8 @@ class EnvStack:
         self.controller: subprocess.Popen | None = None
         self.workers: list[tuple[str, subprocess.Popen]] = []  # (label, process)
         self._worker_cmds: list[list[str]] = []
+        spec = self.config.controller
+        self.token = ensure_token_file(spec.token_file) if spec.token_file else spec.token
 
     # ---- processes ------------------------------------------------------------------------------
 
@@ -134,8 +149,7 @@ class EnvStack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _token_args(self) -> list[str]:
-        token = self.config.controller.token
-        return ["--token", token] if token else []
+        return ["--token", self.token] if self.token else []
 
     def start(self) -> str:
         """Start everything and wait until all workers registered; return the controller URL."""
@@ -153,7 +167,8 @@ class EnvStack:
         spec = self.config.controller
         url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
         url_file.unlink(missing_ok=True)
-        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file)]
+        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file),
+                *(["--allow-no-token"] if spec.allow_no_token else [])]
         for key, value in (spec.model_extra or {}).items():
             args += [f"--{key.replace('_', '-')}", str(value)]
         self.controller = self._spawn("controller", args + self._token_args())
@@ -203,8 +218,8 @@ class EnvStack:
 
     def _get(self, route: str) -> Any:
         request = urllib.request.Request(f"{self.url}/api/{route}")
-        if self.config.controller.token:
-            request.add_header("Authorization", f"Bearer {self.config.controller.token}")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
         with urllib.request.urlopen(request, timeout=5) as resp:
             return json.loads(resp.read())
 

@@ -45,12 +45,14 @@ from env_adapters.http import (
     HTTPClient,
     HTTPError,
     HTTPServer,
+    InsecureBindError,
     Request,
     Response,
     auth_headers,
     body_index,
     body_message,
     body_session_id,
+    check_bind,
     drain,
     json_response,
     read_json,
@@ -139,6 +141,7 @@ class Worker:
             sessions.
         controller_url: Controller base URL (``http://host:port``); ``None`` runs standalone.
         token: Shared token required on our routes and sent to the controller.
+        allow_no_token: Listen off loopback without a token (loudly logged; see :func:`~env_adapters.http.check_bind`).
         heartbeat_interval: Seconds between heartbeats.
         max_body_mb: Largest request body accepted (413 beyond), not counting the controller's envelope.
         health_timeout: Seconds a :meth:`~env_adapters.task.Task.healthy` check may run before the worker reports
@@ -148,7 +151,7 @@ class Worker:
     def __init__(self, task: Task, *, name: str, concurrency: int = 32, threads: int | None = None,
                  controller_url: str | None = None, token: str | None = None,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, allow_no_token: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"worker concurrency must be >= 1, got {concurrency}")
         if threads is not None and threads < 1:
@@ -156,7 +159,7 @@ class Worker:
         self.task, self.name, self.concurrency = task, name, concurrency
         self.controller_url = controller_url.rstrip("/") if controller_url else None
         self.token, self.heartbeat_interval, self.max_body_mb = token, heartbeat_interval, max_body_mb
-        self.health_timeout = health_timeout
+        self.health_timeout, self.allow_no_token = health_timeout, allow_no_token
         self.problem: str | None = None  # why the task is unhealthy, as of the last heartbeat; None when healthy
         self._check: asyncio.Task | None = None
         self._check_since = 0.0
@@ -194,7 +197,8 @@ class Worker:
         await self._in_task_context(self.task.setup())
         self._indices = list(self.task.indices())
         self._index_set = set(self._indices)
-        self._server = HTTPServer(self.routes(), self.token, self.max_body_mb, slack_bytes=ENVELOPE_BYTES)
+        self._server = HTTPServer(self.routes(), self.token, self.max_body_mb, slack_bytes=ENVELOPE_BYTES,
+                                  allow_no_token=self.allow_no_token)
         bound = await self._server.start(host, port)
         self.address = address or f"http://{host}:{bound}/api"
         self._http = HTTPClient(headers=auth_headers(self.token), timeout=10)
@@ -446,7 +450,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="threads for blocking task code (default: the concurrency)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (repeatable)")
     parser.add_argument("--config", help="YAML file of task options")
-    parser.add_argument("--token", help="shared token (required on our routes, sent to the controller)")
+    parser.add_argument("--token", help="shared token (required on our routes, sent to the controller; required off "
+                        "loopback)")
+    parser.add_argument("--allow-no-token", action="store_true",
+                        help="listen off loopback without a token (trusted networks only; logged loudly)")
     parser.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL)
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB)
     parser.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT,
@@ -463,7 +470,12 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(task, name=args.name or args.task, concurrency=args.concurrency, threads=args.threads,
                     controller_url=args.controller,
                     token=args.token, heartbeat_interval=args.heartbeat_interval, max_body_mb=args.max_body_mb,
-                    health_timeout=args.health_timeout)
+                    health_timeout=args.health_timeout, allow_no_token=args.allow_no_token)
+    try:
+        check_bind(args.host, args.token, args.allow_no_token)
+    except InsecureBindError as e:
+        logger.error("%s", e)
+        return 2
 
     async def main(stop: asyncio.Event) -> None:
         try:

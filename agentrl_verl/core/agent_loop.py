@@ -144,7 +144,7 @@ class AgentRLAgentLoop(AgentLoopBase):
         agentrl = agentrl_config(self.config)
         self.options: AgentConfig = with_overrides(agentrl.agent, options, "agentrl.agent")
         self.env_url = env_url or agentrl.env.url
-        self.env_token = agentrl.env.token
+        self.env_token = agentrl.env.resolved_token()
         if env_client is None and not self.env_url:
             raise ValueError("agentrl_agent needs the controller address: set +agentrl.env.url=http://HOST:PORT")
         self._env_client = env_client

@@ -37,7 +37,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.debug import marked_timer
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
-from agentrl_verl.core.config import AsyncConfig, agentrl_config
+from agentrl_verl.core.config import ASYNC_TRAINER_MODE, AsyncConfig, agentrl_config
 from agentrl_verl.core.cross_policy import TURN_POLICIES_KEY, current_policy_versions
 from agentrl_verl.core.policy_pool import CrossPolicyTrainerMixin
 from agentrl_verl.core.staleness import (
@@ -53,7 +53,7 @@ from agentrl_verl.core.verl_seam import batch_fields
 
 logger = logging.getLogger(__name__)
 
-TRAINER_MODE = "agentrl_async"
+TRAINER_MODE = ASYNC_TRAINER_MODE
 PARTITION = "train"
 PREFIX = "async"
 TURN_VERSIONS_KEYS = ("turn_global_steps", "turn_versions")

@@ -39,10 +39,13 @@ from pydantic import BeforeValidator, ConfigDict, Field, Strict, StrictBool, Str
 from pydantic import ValidationError as _PydanticValidationError
 from pydantic.dataclasses import dataclass
 
+from env_adapters.http import read_token_file
+
 logger = logging.getLogger(__name__)
 
 ROOT = "agentrl"
 AGENT_NAME = "agentrl_agent"
+ASYNC_TRAINER_MODE = "agentrl_async"
 """The agent loop name :mod:`.agent_loop` registers with verl (also the ``agent_name`` of dataset rows)."""
 ESTIMATOR_NAME = "task_norm_grpo"
 """The advantage estimator name :mod:`.trainer` registers with verl."""
@@ -105,6 +108,20 @@ class EnvConfig:
     url: StrictStr | None = Field(None, description="controller address used by `agentrl_agent`",
                                   json_schema_extra={"doc_default": "required"})
     token: StrictStr | None = Field(None, description="controller token")
+    token_file: StrictStr | None = Field(None, description="file holding the controller token (read on every node; "
+                                         "what `agentrl-env up` writes for `controller.token_file`)")
+
+    def __post_init__(self) -> None:
+        if self.token and self.token_file:
+            raise ValueError("set agentrl.env.token or agentrl.env.token_file, not both")
+
+    def resolved_token(self) -> str | None:
+        """The controller token: ``token``, else the content of ``token_file``, else None.
+
+        Raises:
+            ValueError: ``token_file`` cannot be read or is empty.
+        """
+        return self.token or (read_token_file(self.token_file) if self.token_file else None)
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -370,7 +387,7 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
             f"{ROOT}.async.stale_policy=keep trains groups beyond the staleness bound and needs verl's off-policy "
             "correction against the behaviour log-probs: set algorithm.rollout_correction.rollout_is=token "
             "(truncated importance weights), or use stale_policy=wait or drop")
-    if trainer_mode == "agentrl_async":
+    if trainer_mode == ASYNC_TRAINER_MODE:
         batch = _select(run_config, "data.train_batch_size")
         if batch is not None:
             try:
@@ -394,6 +411,12 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
     agent_loop = _select(run_config, "actor_rollout_ref.rollout.agent.default_agent_loop")
     if agent_loop == AGENT_NAME and not config.env.url:
         problems.append(f"{AGENT_NAME} needs the controller address: set +{ROOT}.env.url=http://HOST:PORT")
+    if config.env.token_file:
+        try:
+            config.env.resolved_token()
+        except ValueError as error:
+            problems.append(f"{ROOT}.env.token_file: {error}")
+    problems.extend(_engine_problems(config, _select(run_config, "actor_rollout_ref.rollout.name"), trainer_mode))
     if problems:
         raise ConfigError("contradictory config: " + "; ".join(problems))
     estimator = _select(run_config, "algorithm.adv_estimator")
@@ -442,6 +465,27 @@ def _fixed_model_problems(path: str, actor_tokenizer: str | None, trust_remote_c
         problems.append(f"{key} has vocab_size {embedding} in config.json, fewer than its tokenizer's {len(vocab)} "
                         "tokens")
     return problems
+
+
+PAUSING_ENGINES = ("hf", "vllm")
+"""Rollout engines whose servers can pause without aborting (``agentrl_async`` with ``interrupt: false``): ``hf``
+has its own pause, verl's vLLM server gets one from :mod:`agentrl_verl.backends.vllm_server`."""
+
+
+def _engine_problems(config: AgentRLConfig, engine: str | None, trainer_mode: str | None) -> list[str]:
+    """Why the rollout ``engine`` cannot run ``trainer_mode`` with the ``agentrl.async`` settings (empty: it can).
+
+    Every engine runs ``agentrl_sync`` and ``agentrl_async`` with ``interrupt: true`` (verl's abort API). With
+    ``interrupt: false`` the trainer pauses every server before a weight update, which only the
+    :data:`PAUSING_ENGINES` can: verl 0.9.1's SGLang server has no ``pause_generation``, and the run would fail at
+    its first weight update.
+    """
+    if trainer_mode != ASYNC_TRAINER_MODE or engine is None or config.async_.interrupt or engine in PAUSING_ENGINES:
+        return []
+    return [f"trainer.v1.trainer_mode={ASYNC_TRAINER_MODE} with {ROOT}.async.interrupt=false pauses every rollout "
+            f"server before a weight update, which actor_rollout_ref.rollout.name={engine} cannot do (verl's "
+            f"{engine} server has no pause_generation): set +{ROOT}.async.interrupt=true (running generations are "
+            f"aborted and resumed on the new weights), or use rollout.name={' or '.join(PAUSING_ENGINES)}"]
 
 
 def validate_run_config(run_config: Any) -> AgentRLConfig:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_verl.core.config import AGENT_NAME
+from env_adapters.http import read_token_file
 from env_adapters.protocol import Index
 
 logger = logging.getLogger(__name__)
@@ -178,7 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--controller", metavar="URL", help="running controller to ask for tasks and indices")
     source.add_argument("--config", metavar="YAML", help="environment stack config (agentrl-env up) to read")
-    parser.add_argument("--token", default=None, help="controller token (with --controller)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", default=None, help="controller token (with --controller)")
+    token.add_argument("--token-file", default=None, help="file holding the controller token (with --controller)")
     parser.add_argument("--task", dest="tasks", action="append", type=_parse_task, default=[],
                         metavar="NAME[=WEIGHT]", help="task to include, with its sampling weight (default: all, 1)")
     parser.add_argument("--out", required=True, help="output folder for train.parquet and val.parquet")
@@ -193,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
 
     names = [name for name, _ in args.tasks] or None
     if args.controller:
-        task_indices = asyncio.run(indices_from_controller(args.controller, names, args.token))
+        token = read_token_file(args.token_file) if args.token_file else args.token
+        task_indices = asyncio.run(indices_from_controller(args.controller, names, token))
     else:
         task_indices = indices_from_config(args.config, names)
     train, val = build_datasets(task_indices, dict(args.tasks), args.train_size, args.val_fraction, args.seed,

@@ -36,7 +36,7 @@ import httpx
 from omegaconf import OmegaConf
 from verl.workers.rollout.replica import TokenOutput
 
-from agentrl_verl.core.config import CrossPolicyConfig, Endpoint
+from agentrl_verl.core.config import CrossPolicyConfig, Endpoint, agentrl_config
 from agentrl_verl.core.cross_policy import TURN_POLICIES_KEY, PolicyRouter, cross_policy_metrics
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,8 @@ async def run_episodes(
     from env_adapters.client import EnvClient
 
     limit = asyncio.Semaphore(concurrency)
-    env = EnvClient(config.agentrl.env.url, token=config.agentrl.env.get("token"))
+    env_config = agentrl_config(config).env
+    env = EnvClient(env_config.url, token=env_config.resolved_token())
 
     async def episode(row: dict[str, Any]) -> Any:
         async with limit:

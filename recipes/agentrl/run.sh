@@ -3,10 +3,12 @@
 #   bash recipes/agentrl/run.sh SIZE MODEL_PATH CONTROLLER_URL DATA_DIR [HYDRA_OVERRIDE ...]
 #     SIZE            3b | 7b | 14b | 32b  (picks config/agentrl_qwen2.5_SIZE.yaml: GPUs, tensor parallelism)
 #     MODEL_PATH      local folder or hub id of the Qwen2.5 model
-#     CONTROLLER_URL  the environment controller (env/agentbench_fc.yaml plus upstream workers), e.g. http://env:5020
+#     CONTROLLER_URL  the environment controller (agentrl-env up env/agentbench_fc.yaml), e.g. http://env:5020
 #     DATA_DIR        folder with train.parquet / val.parquet from prepare_data.sh
 # Multi-node: start a Ray cluster over the nodes first (ray start --head / ray start --address=...), then run this
 # on the head node. Asynchronous pipeline: add trainer.v1.trainer_mode=agentrl_async (docs/training/async.md).
+# The controller's token is read from AGENTRL_ENV_TOKEN_FILE (default ~/.agentrl/env.token, what `agentrl-env up`
+# wrote for the recipe's stack), which every node must be able to read.
 set -euo pipefail
 if [ $# -lt 4 ]; then sed -n 2,9p "$0"; exit 2; fi
 SIZE=$1 MODEL=$2 URL=$3 DATA=$4
@@ -18,5 +20,6 @@ exec python3 -m verl.trainer.main_ppo \
   actor_rollout_ref.model.path="$MODEL" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/val.parquet" \
   agentrl.env.url="$URL" \
+  agentrl.env.token_file="${AGENTRL_ENV_TOKEN_FILE:-$HOME/.agentrl/env.token}" \
   trainer.default_local_dir="checkpoints/agentrl_qwen2.5_$SIZE" \
   "$@"

@@ -216,3 +216,32 @@ def test_json_with_lone_surrogates_travels_for_the_handler_to_judge():
     for bad in (b'{"x": NaN}', b'{"x": "\\ud800', b"{nope"):
         with pytest.raises(HTTPError, match="not valid JSON"):
             read_json(Request("POST", "/", "", {}, bad))
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.5", True), ("::1", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("", False), ("10.1.2.3", False), ("no-such-host.invalid", False),
+])
+def test_loopback_is_told_from_every_other_address(host, loopback):
+    assert http.is_loopback(host) is loopback
+
+
+async def test_no_server_listens_off_loopback_without_a_token(caplog):
+    srv = HTTPServer(ROUTES)
+    with pytest.raises(http.InsecureBindError, match=r"(?s)'0\.0\.0\.0' without a token.*--token.*--allow-no-token"):
+        await srv.start("0.0.0.0", 0)
+    assert srv._server is None  # refused before listening
+    http.check_bind("0.0.0.0", "s3cret")  # with a token: allowed
+    http.check_bind("127.0.0.1", None)  # loopback: allowed
+    with caplog.at_level("WARNING", logger="env_adapters.http"):
+        http.check_bind("0.0.0.0", None, allow_no_token=True)  # the opt-out, loudly
+    assert "WITHOUT A TOKEN" in caplog.text
+
+
+def test_a_token_file_is_made_once_private_and_then_read(tmp_path):
+    path = tmp_path / "keys" / "env.token"
+    token = http.ensure_token_file(path)
+    assert len(token) >= 32 and path.stat().st_mode & 0o777 == 0o600
+    assert http.ensure_token_file(path) == token == http.read_token_file(path)  # kept, never replaced
+    with pytest.raises(ValueError, match="cannot read the token file"):
+        http.read_token_file(tmp_path / "missing")

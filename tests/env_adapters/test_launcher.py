@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from env_adapters.client import EnvClient
+from env_adapters.client import EnvClient, EnvRequestError
 from env_adapters.launcher import EnvStack, StackStartError, load_config
 
 CALL = {"id": "c1", "type": "function",
@@ -113,3 +113,30 @@ def test_up_command_stops_everything_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("role", [["controller", "--port", "0"], ["worker", "--task", "calc"]])
+def test_the_commands_refuse_a_bind_off_loopback_without_a_token(role):
+    res = subprocess.run([sys.executable, "-m", "env_adapters.cli", *role, "--host", "0.0.0.0"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "without a token" in res.stderr and "--allow-no-token" in res.stderr, res.stderr
+
+
+def test_a_token_source_is_one_of_token_and_token_file(tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        load_config({"controller": {"token": "a", "token_file": str(tmp_path / "t")}})
+    assert load_config({"controller": {"allow_no_token": True}}).controller.allow_no_token
+
+
+@pytest.mark.slow
+async def test_a_stack_with_a_token_file_serves_only_requests_that_carry_it(tmp_path):
+    token_file = tmp_path / "env.token"
+    config = {"controller": {"port": 0, "token_file": str(token_file)}, "workers": [{"task": "calc"}]}
+    with EnvStack(config) as stack:
+        token = token_file.read_text().strip()
+        async with EnvClient(stack.url, token=token) as client:
+            assert len(await client.get_indices("calc")) > 0
+        async with EnvClient(stack.url) as client:
+            with pytest.raises(EnvRequestError) as refused:
+                await client.get_indices("calc")
+            assert refused.value.status_code == 401

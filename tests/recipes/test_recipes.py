@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,9 +99,16 @@ def test_demo_preset_composes_with_existing_keys():
 
 def test_environment_config_is_valid():
     config = load_config(RECIPE / "env" / "agentbench_fc.yaml")
-    assert {w.name for w in config.workers} == {"os-std", "dbbench-std"}
+    names = {w.name for w in config.workers}
+    # Every task prepare_data.sh asks the controller for, each a family this project implements.
+    asked = set(re.findall(r"--task (\S+)", (RECIPE / "prepare_data.sh").read_text()))
+    assert names == asked == {"os-std", "dbbench-std", "kg-std", "webshop-std", "alfworld-std"}
     for worker in config.workers:
-        get_task_class(worker.task)  # a family this project implements
+        get_task_class(worker.task)
+    # Reachable off-host, so it needs a token, which the training side reads from the same file.
+    assert config.controller.host == "0.0.0.0" and config.controller.token_file and not config.controller.token
+    assert "agentrl.env.token_file=" in (RECIPE / "run.sh").read_text()
+    assert "--token-file" in (RECIPE / "prepare_data.sh").read_text()
 
 
 def test_launch_scripts_parse_and_explain_their_arguments():
