@@ -49,8 +49,8 @@ def test_the_demo_relaunches_so_only_its_own_process_spins_briefly(given, expect
 def test_importing_the_package_leaves_openmp_to_its_defaults():
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     package = SPY.replace("import torch", "import agentrl_verl")
-    out = subprocess.run([sys.executable, "-c", package], env={**env, "ROLE": "gpu-run"}, capture_output=True, text=True,
-                         check=True, timeout=300).stdout
+    out = subprocess.run([sys.executable, "-c", package], env={**env, "ROLE": "gpu-run"}, capture_output=True,
+                         text=True, check=True, timeout=300).stdout
     assert out.splitlines() == ["gpu-run None None"]
 
 
