@@ -1,7 +1,8 @@
 """Test hook: the first weight update of an ``agentrl_async`` run lands while a turn is decoding on vLLM.
 
-Without it, an update with ``interrupt: true`` aborts only what happens to be decoding at that instant, and a run can
-train no interrupted turn at all. Loaded in every process of the run by ``VERL_USE_EXTERNAL_MODULES`` (after
+Without it, an update finds a turn decoding only by chance: with ``interrupt: true`` it aborts only what happens to be
+decoding at that instant (a run could train no interrupted turn at all), with ``interrupt: false`` no episode may be
+running across it. Loaded in every process of the run by ``VERL_USE_EXTERNAL_MODULES`` (after
 ``agentrl_verl.plugin``), active where :data:`RELEASE_ENV` names the release file of the ``held_chatter`` task:
 
 * in vLLM's server process, it counts the tokens each request has generated so far (wrapping ``AsyncLLM.generate``)
