@@ -326,11 +326,19 @@ def _run_demo(out: Path, *args: str) -> str:
     return res.stderr
 
 
+SUITE_RL_STEPS = 20
+"""The suite's demo run trains half the default's 40 RL steps: everything else is the README's first command. The
+RL phase is most of the run's time (about 190 of the 480 s it saves on an idle 2-core machine), and the learning
+check below is still far inside its bound at 20 steps (one run: sampled 0.040 -> 0.165, 31 pairs up and 6 down,
+p = 2e-5)."""
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The default demo, exactly as the README's first command runs it, shared by the checks below."""
+    """The default demo as the README's first command runs it, with :data:`SUITE_RL_STEPS` RL steps, shared by the
+    checks below."""
     out = tmp_path_factory.mktemp("demo") / "demo"
-    return out, _run_demo(out)
+    return out, _run_demo(out, "--set", f"rl.steps={SUITE_RL_STEPS}")
 
 
 @pytest.mark.slow
@@ -345,10 +353,10 @@ def test_demo_runs_end_to_end_and_reports(demo_run):
     tasks = trained | {"kg", "webshop"}  # weight 0: evaluated before and after RL, not trained on
     assert set(summary["tasks"]) == tasks and summary["tasks"]["calc"]["held_out"] == 200
     # Progress was shown per RL step, with the reward and success of each trained task.
-    assert [int(m) for m in re.findall(r"RL step (\d+)/40", log)] == list(range(1, 41))
+    assert [int(m) for m in re.findall(rf"RL step (\d+)/{SUITE_RL_STEPS}", log)] == list(range(1, SUITE_RL_STEPS + 1))
     assert all(f"{task}: reward" in log for task in trained)
     assert not any(f"{task}: reward" in log for task in tasks - trained)
-    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, 41))
+    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, SUITE_RL_STEPS + 1))
     history = [row["data"] for row in summary["rl"]["history"]]
     # The asynchronous trainer with cross-policy sampling: the pool's stale turns are off-policy by design and
     # outside the bound, yet no turn of the trained policy was beyond it and no group was trained beyond it.
@@ -371,7 +379,7 @@ episode, which the exact sign test over the pairs that changed (McNemar's test) 
 what RL optimises; greedy success is reported, not asserted. Measured: sampled 0.120 -> 0.455 (seed 0: 77 pairs up,
 10 down, p = 3e-14) and 0.180 -> 0.585 (seed 1: 90 up, 9 down); with the earlier tokenizer (trained without the
 other families' episodes) 0.525 -> 0.645 and 0.120 -> 0.285. One run is far inside the bound, so the check reuses
-the run above instead of paying for a second one."""
+the run above instead of paying for a second one (at :data:`SUITE_RL_STEPS` steps)."""
 
 
 @pytest.mark.slow
