@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import register as register_agent_loop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.experimental.agent_loop.tool_parser import logger as tool_parser_logger
 from verl.tools.schemas import OpenAIFunctionToolSchema
@@ -115,7 +116,7 @@ def shared_env_client(url: str, token: str | None = None) -> EnvClient:
     return per_loop[url]
 
 
-@register(AGENT_NAME)
+@register_agent_loop(AGENT_NAME)
 class AgentRLAgentLoop(AgentLoopBase):
     """Multi-turn function-calling episode against an AgentBench-FC controller (see the module docstring).
 
@@ -159,7 +160,8 @@ class AgentRLAgentLoop(AgentLoopBase):
         return self._env_client if self._env_client is not None else shared_env_client(self.env_url, self.env_token)
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
-        """One turn's tokens from the policy: the single place a router over policies would go."""
+        """One turn's tokens from the policy (which member of the cross-policy pool serves it is the pool's choice:
+        :mod:`agentrl_verl.core.policy_pool`)."""
         return await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids,
                                                   sampling_params=sampling_params)
 

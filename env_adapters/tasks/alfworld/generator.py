@@ -129,13 +129,6 @@ def _tables() -> tuple[dict[str, set[str]], dict[str, set[str]], frozenset[str],
 # ---- one game --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Scene:
-    plan: FloorPlan
-    receptacles: list[tuple[str, str]]
-    placed: list[tuple[str, str]]  # (object type, receptacle THOR id)
-
-
 def _containers(receptacles: list[tuple[str, str]], obj: str, holds: dict[str, set[str]],
                 exclude_type: str | None = None) -> list[str]:
     return [rid for rid, rtype in receptacles if obj in holds.get(rtype, ()) and rtype != exclude_type]

@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from env_adapters.http import ClientError, HTTPClient
-from env_adapters.sandbox.servers import OwnedServer, die_with_parent, free_port, reap_stale_folders, stop_at_exit
+from env_adapters.sandbox.servers import OwnedServer, die_with_parent, free_port, stop_at_exit
 from env_adapters.tasks.kg.sexpr import FB
 
 logger = logging.getLogger(__name__)
@@ -209,11 +209,6 @@ def _binary(name: str) -> str:
         raise VirtuosoError(f"{name!r} not found; install the Debian package 'virtuoso-opensource' (apt-get install "
                             "-y virtuoso-opensource), use backend: embedded, or give an endpoint with sparql_url")
     return path
-
-
-def reap_stale_virtuoso(base_dir: str | Path | None = None) -> list[Path]:
-    """Kill the servers and delete the folders of owners that are gone (folders ``agentrl-virtuoso-<pid>-*``)."""
-    return reap_stale_folders(VIRTUOSO_PREFIX, "server.pid", base_dir)
 
 
 class VirtuosoServer(OwnedServer):
