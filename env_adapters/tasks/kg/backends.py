@@ -44,11 +44,17 @@ def freebase_value(value: str) -> str:
     return value.replace(FB, "").replace("-08:00", "")
 
 
+MAX_CACHED_QUERY_CHARS = 16 * 1024
+"""Longer queries are answered but not remembered: the task's own queries are far shorter, and a policy's calls on
+megabyte-long entity ids would otherwise each keep their query for good (42 such calls: +316 MiB)."""
+
+
 class SparqlBackend(ABC):
     """Runs read-only SELECT queries, remembering the answers of the last ``cache_size`` distinct ones.
 
     Args:
-        cache_size: Queries whose answers are kept (least recently used dropped first); 0 keeps none.
+        cache_size: Queries whose answers are kept (least recently used dropped first); 0 keeps none. Queries
+            longer than :data:`MAX_CACHED_QUERY_CHARS` are never kept.
     """
 
     def __init__(self, cache_size: int = 0) -> None:
@@ -63,7 +69,7 @@ class SparqlBackend(ABC):
         Raises:
             BackendError: the store could not answer.
         """
-        if not self.cache_size:
+        if not self.cache_size or len(query) > MAX_CACHED_QUERY_CHARS:
             return await self._select(query)
         cached = self._cache.get(query)
         if cached is not None:

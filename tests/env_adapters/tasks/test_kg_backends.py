@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from env_adapters.sandbox.servers import free_port
-from env_adapters.tasks.kg.backends import BackendError, EndpointBackend, SparqlBackend
+from env_adapters.tasks.kg.backends import MAX_CACHED_QUERY_CHARS, BackendError, EndpointBackend, SparqlBackend
 
 
 class Store(SparqlBackend):
@@ -42,6 +42,16 @@ async def test_answers_are_remembered_least_recently_used_first_out():
     for query in ("a", "a"):
         assert await uncached.select(query) == ["A"]
     assert uncached.sent == ["a", "a"]
+
+
+async def test_overlong_queries_are_answered_but_never_remembered():
+    store = Store(cache_size=8)
+    huge = "x" * (MAX_CACHED_QUERY_CHARS + 1)
+    for _ in range(3):
+        assert await store.select(huge) == [huge.upper()]
+    assert len(store.sent) == 3 and len(store._cache) == 0
+    await store.select("short")
+    assert list(store._cache) == ["short"]
 
 
 async def test_identical_queries_in_flight_are_sent_once():

@@ -9,6 +9,7 @@ import pytest
 
 from env_adapters.protocol import SampleStatus
 from env_adapters.task import get_task_class
+from env_adapters.tasks.kg.engine import MAX_PROGRAM_CHARS
 from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import FB, ProgramError, parse, to_sparql, unparse
 from env_adapters.tasks.kg.task import NO_CALL, KGTask, f1
@@ -117,6 +118,26 @@ async def test_tools_rewards_and_f1(files):
     await session.step(call("count", variable="#0"))
     done = await session.step(say("Final Answer: #1"))
     assert (done.reward, done.metrics["score"]) == (1.0, 1.0)
+    await task.teardown()
+
+
+async def test_a_doubling_program_stops_at_its_bound_with_a_tool_error(files):
+    # intersection(#k, #k) doubles the program each time; past MAX_PROGRAM_CHARS the call is refused, shown to the
+    # agent like any tool error, and the session goes on with the variables it had.
+    task = KGTask(max_rounds=40, **files)
+    session, _ = await opened(task)
+    await session.step(call("get_neighbors", variable="Ann", relation="people.person.films_directed"))
+    k = 0
+    while True:
+        reply = await observe(session, call("intersection", variable1=f"#{k}", variable2=f"#{k}"))
+        if reply.startswith("Error"):
+            break
+        k += 1
+    assert reply == (f"Error processing tool call: the resulting variable's program would exceed {MAX_PROGRAM_CHARS} "
+                     "characters")
+    assert 5 <= k <= 16  # the first program is ~40 characters long: it doubles about 11 times
+    assert await observe(session, call("count", variable=f"#{k}")) == \
+        f"Observation: variable #{k + 1}, which is a number"
     await task.teardown()
 
 
