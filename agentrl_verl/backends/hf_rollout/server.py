@@ -33,10 +33,28 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.
 
 
 def resolve_device(visible_devices: str | None) -> torch.device:
-    """The device this server should use: the first visible CUDA device, else the CPU."""
+    """The device this server should use: the CPU on verl's ``cpu`` platform, else the visible CUDA device.
+
+    Raises:
+        RuntimeError: on an accelerator platform, torch sees no CUDA device where Ray placed the replica (never a
+            silent fall back to the CPU: a replica there would run a quarter of the turns many times slower).
+    """
+    from verl.plugin import platform
+
+    from agentrl_verl.backends.platform_cpu import PlatformCPU
+
+    if isinstance(platform.get_platform(), PlatformCPU):
+        return torch.device("cpu")
     if visible_devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
-    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"hf rollout server: Ray placed this replica on GPU {visible_devices or '(none given)'}, but torch sees "
+            f"no CUDA device there (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). The run asks "
+            "for more GPUs than the machine has: make ray_kwargs.ray_init.num_gpus the real count and the replicas "
+            "fit it (the cross-policy pool's stale_replicas take one each), or run on the CPU with "
+            "AGENTRL_PLATFORM=cpu")
+    return torch.device("cuda:0")
 
 
 class HFRolloutServer:

@@ -84,3 +84,16 @@ async def test_server_generates_gates_and_updates_weights(server):
     after = await server.generate(prompt_ids=prompt, sampling_params=dict(greedy), request_id="e")
     assert after.extra_fields["global_steps"] == 7
     assert after.log_probs != first.log_probs
+
+
+def test_a_replica_never_falls_back_to_the_cpu_on_an_accelerator_platform(monkeypatch):
+    from verl.plugin import platform
+
+    from agentrl_verl.backends.hf_rollout.server import resolve_device
+
+    assert resolve_device("1").type == "cpu"  # verl's cpu platform (this machine): the CPU by design
+    monkeypatch.setattr(platform, "get_platform", lambda: object())  # an accelerator platform
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError, match=r"(?s)GPU 1, but torch sees no CUDA device.*ray_init.num_gpus"):
+        resolve_device("1")
