@@ -21,6 +21,7 @@ AgentBench dev split).
 from __future__ import annotations
 
 import json
+from collections import deque
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -43,12 +44,15 @@ class ALFWorldSession(SyncSession):
         self.game: Game | None = None
         self.rounds = 0
         self.status = SampleStatus.COMPLETED  # what a won game reports; invalid rounds change it, as upstream
-        self.outputs: list[Any] = []  # raw actions of executed rounds, for the repeat check
+        # The last raw actions, for the repeat check (only as many as it reads: a session's memory stays bounded
+        # whatever its actions' size), and how many rounds were executed.
+        self.recent: deque[str] = deque(maxlen=agentbench.REPEAT_LIMIT)
+        self.executed = 0
         self.commands: list[str] = []
 
     def _result(self, messages: list[Message], status: SampleStatus = SampleStatus.RUNNING,
                 reward: float = 0.0) -> StepResult:
-        metrics = {"score": reward, "rounds": self.rounds, "executed": len(self.outputs)}
+        metrics = {"score": reward, "rounds": self.rounds, "executed": self.executed}
         return StepResult(messages, status, reward, metrics)
 
     def reset(self) -> StepResult:
@@ -88,9 +92,9 @@ class ALFWorldSession(SyncSession):
         self.commands = observation.admissible_commands
         content = agentbench.process_ob(observation.text) + agentbench.available_actions(self.commands)
         reply = {"role": "tool", "tool_call_id": call_id, "content": content}
-        self.outputs.append(output)
-        recent = self.outputs[-agentbench.REPEAT_LIMIT:]
-        if len(self.outputs) > agentbench.REPEAT_LIMIT and len(set(map(str, recent))) == 1:
+        self.recent.append(str(output))
+        self.executed += 1
+        if self.executed > agentbench.REPEAT_LIMIT and len(set(self.recent)) == 1:
             return self._result([reply], SampleStatus.AGENT_INVALID_ACTION)
         if observation.done:
             return self._result([reply], self.status, float(observation.won))

@@ -113,6 +113,15 @@ async def test_three_repeats_end_the_episode(easy):
     assert statuses == [SampleStatus.RUNNING] * 3 + [SampleStatus.AGENT_INVALID_ACTION]
 
 
+async def test_a_session_keeps_only_the_actions_its_repeat_check_reads(easy):
+    # A policy's huge actions are not kept round after round: at most the last three, however long the episode.
+    session, _ = await session_of(easy, 5)
+    for i in range(8):
+        assert session.step(call(f"dance {i} " + "x" * 100_000, call_id=f"c{i}")).status is SampleStatus.RUNNING
+    assert len(session.recent) == agentbench.REPEAT_LIMIT and session.executed == 8
+    session.close()
+
+
 async def test_round_limit():
     task = ALFWorldTask(size=2, max_step=2, **EASY)
     session, _ = await session_of(task, 0)
