@@ -52,14 +52,14 @@ from agentrl_verl.harness.demo import (
     DemoConfig,
     RLSpec,
     TaskSpec,
-    _rl_preset_values,
-    _task_indices,
     evaluate_tasks,
     exported_actor,
     load_demo_config,
     rl_command,
+    rl_preset_values,
     run_rl,
     stack_config,
+    task_indices,
     write_datasets,
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
@@ -186,7 +186,7 @@ def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
         logger.info("warm-up on %s", ", ".join(FAMILIES))
         tokenizer = AutoTokenizer.from_pretrained(base)
         with EnvStack(stack_config(config.tasks), startup_timeout=180) as stack:
-            held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
+            held_out, train = split(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
             demos = [d for t in config.tasks for d in generate_demonstrations(
                 t.family, train[t.name][: t.demonstration_count(config.demonstrations)], t.options)]
             checked = {name: indices[: config.eval.warmup_indices] for name, indices in held_out.items()}
@@ -357,7 +357,7 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "env_logs").mkdir(exist_ok=True)
     with EnvStack(stack_config(config.tasks), log_dir=folder / "env_logs", startup_timeout=180) as stack:
-        held_out, train = split(asyncio.run(_task_indices(stack.url, config.tasks)), config.tasks)
+        held_out, train = split(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
         if arm in UNTRAINED:
             final, record = model if arm == START else fixed, {"arm": arm, "seed": seed, "settings": settings}
         elif saved is not None and Path(saved["model"], "config.json").exists():
@@ -390,7 +390,7 @@ def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: 
     """The verl run of one arm and seed, as the demo's RL phase runs it; returns its final model (HF export)."""
     rl = RLSpec(steps=args.steps, stall_s=config.rl.stall_s,
                 overrides=[*config.rl.overrides, *size_overrides(args.batch, args.n), *spec.overrides, *args.override])
-    preset = _rl_preset_values(rl)
+    preset = rl_preset_values(rl)
     batch, staleness = int(preset.data.train_batch_size), int(preset.agentrl["async"].max_staleness)
     weights = {t.name: t.weight for t in config.tasks if t.name in spec.families}
     # The asynchronous trainer admits up to max_staleness + 1 batches ahead of the one it trains.

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup, tokenize_episode
-from agentrl_verl.harness.demo import _task_indices, evaluate_tasks, load_demo_config, stack_config
+from agentrl_verl.harness.demo import evaluate_tasks, load_demo_config, stack_config, task_indices
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
 
@@ -53,7 +53,7 @@ def main() -> None:
     model_dir = build_tiny_model(spec=config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     with EnvStack(stack_config(learnable), startup_timeout=180) as stack:
-        indices = asyncio.run(_task_indices(stack.url, learnable))
+        indices = asyncio.run(task_indices(stack.url, learnable))
         demos, made = [], {}
         for spec in learnable:
             began = time.monotonic()

@@ -215,7 +215,8 @@ def warmup_settings(base: Path, config: DemoConfig, tasks: list[TaskSpec]) -> di
     return {"base": base.name, "seed": config.seed, "tasks": learnable, "warmup": warmup, "eval": checks}
 
 
-async def _task_indices(url: str, tasks: list[TaskSpec]) -> dict[str, list[Index]]:
+async def task_indices(url: str, tasks: list[TaskSpec]) -> dict[str, list[Index]]:
+    """Every index the controller at ``url`` serves for each of ``tasks``, by task name."""
     from env_adapters.client import EnvClient
 
     async with EnvClient(url) as client:
@@ -603,7 +604,7 @@ def _run_phases(progress: DemoProgress) -> None:
     env_logs.mkdir(exist_ok=True)
     with EnvStack(stack_config(tasks), log_dir=env_logs, startup_timeout=180) as stack:
         logger.info("environment stack at %s: %s (logs in %s)", stack.url, ", ".join(progress.tasks), env_logs)
-        indices = asyncio.run(_task_indices(stack.url, tasks))
+        indices = asyncio.run(task_indices(stack.url, tasks))
         held_out = {t.name: indices[t.name][: t.held_out] for t in tasks}
         train_indices = {t.name: indices[t.name][t.held_out:] for t in tasks}
         for spec in tasks:
@@ -659,7 +660,7 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.before = evaluate_all(warm.path)
         t = progress.lap("eval_before_s", t)
 
-        batch = int(OmegaConf.select(_rl_preset_values(config.rl), "data.train_batch_size"))
+        batch = int(OmegaConf.select(rl_preset_values(config.rl), "data.train_batch_size"))
         train_file, val_file = write_datasets(out / "data", train_indices, held_out,
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
@@ -676,7 +677,7 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.lap("eval_after_s", t)
 
 
-def _rl_preset_values(spec: RLSpec, *extra: str):
+def rl_preset_values(spec: RLSpec, *extra: str):
     """The composed RL preset with ``spec``'s overrides and ``extra`` (for values the demo needs up front, e.g. the
     batch size)."""
     from hydra import compose, initialize_config_dir
@@ -696,7 +697,7 @@ def check_rl_settings(spec: RLSpec) -> None:
     from agentrl_verl.core.config import validate_run_config
 
     # The environment's address is known only once the stack runs; any address passes this check.
-    validate_run_config(_rl_preset_values(spec, "agentrl.env.url=http://127.0.0.1:1"))
+    validate_run_config(rl_preset_values(spec, "agentrl.env.url=http://127.0.0.1:1"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

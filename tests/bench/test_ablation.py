@@ -266,7 +266,7 @@ def no_verl(monkeypatch):
         return _held_out(dict.fromkeys(FAMILIES, 0.5), eval_size)
 
     monkeypatch.setattr(ablation, "EnvStack", _Stack)
-    monkeypatch.setattr(ablation, "_task_indices", indices)
+    monkeypatch.setattr(ablation, "task_indices", indices)
     monkeypatch.setattr(ablation, "train_run", train)
     monkeypatch.setattr(ablation, "evaluate", evaluate)
     return calls
@@ -404,10 +404,10 @@ def test_the_fixed_pool_arm_trains_with_the_fixed_model_in_the_pool_and_evaluate
 
 
 def test_the_fixed_pool_arm_overrides_compose_with_the_rl_preset(tmp_path):
-    from agentrl_verl.harness.demo import RLSpec, _rl_preset_values
+    from agentrl_verl.harness.demo import RLSpec, rl_preset_values
 
     overrides = ablation.arm_overrides(arms()["fixed_pool"], tmp_path / "warmup-def")
-    preset = _rl_preset_values(RLSpec(overrides=[*workload().rl.overrides, *overrides]))
+    preset = rl_preset_values(RLSpec(overrides=[*workload().rl.overrides, *overrides]))
     assert preset.agentrl.cross_policy.fixed_model_path == str(tmp_path / "warmup-def")
     assert preset.agentrl.cross_policy.enable
     assert ablation.arm_overrides(arms()["no_cross_policy"], None) == ("agentrl.cross_policy.enable=false",)

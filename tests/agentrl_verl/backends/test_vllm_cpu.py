@@ -266,7 +266,7 @@ def test_kv_cache_has_a_fixed_size(facts, rollout, verl_rollout_defaults):
     assert rollout.name == "vllm"
 
 def test_demo_engine_vllm_runs_main_ppo_from_the_vllm_environment(tmp_path, monkeypatch):
-    from agentrl_verl.harness.demo import RLSpec, _rl_preset_values, rl_command
+    from agentrl_verl.harness.demo import RLSpec, rl_command, rl_preset_values
 
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n")
@@ -277,7 +277,7 @@ def test_demo_engine_vllm_runs_main_ppo_from_the_vllm_environment(tmp_path, monk
     assert cmd[0] == str(python)
     assert cmd[cmd.index("--config-name") + 1:][:2] == [vllm_cpu.PRESET, "+demo=tiny"]
     assert cmd[-1] == "actor_rollout_ref.rollout.n=4"  # the user's overrides win
-    values = _rl_preset_values(spec)
+    values = rl_preset_values(spec)
     assert values.actor_rollout_ref.rollout.name == "vllm"
     assert values.actor_rollout_ref.rollout.agent.default_agent_loop == "agentrl_agent"  # the demo's layer
     hf = rl_command("MODEL", tmp_path, tmp_path, "URL", tmp_path, tmp_path, RLSpec())

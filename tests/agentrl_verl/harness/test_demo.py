@@ -83,12 +83,12 @@ def test_multitask_settings_give_each_family_demonstrations_and_room_for_its_epi
     """Every family of the multi-task demo is learnable, has training indices for its demonstrations, and its
     expert's episodes fit the evaluation's and the RL run's budgets (prompt, response, turns, tokens per turn)."""
     from agentrl_verl.harness.cold_start import generate_demonstrations, tokenize_episode
-    from agentrl_verl.harness.demo import _rl_preset_values
+    from agentrl_verl.harness.demo import rl_preset_values
     from env_adapters.task import get_task_class
 
     config = load_demo_config(MULTITASK)
     assert [(t.name, t.learnable) for t in config.tasks] == [(f, True) for f in ("calc", "kg", "webshop", "alfworld")]
-    rl = _rl_preset_values(config.rl)
+    rl = rl_preset_values(config.rl)
     agent = rl.agentrl.agent
     for spec in config.tasks:
         indices = get_task_class(spec.family)(**spec.options).indices()
