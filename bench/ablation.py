@@ -28,6 +28,8 @@ Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after it
 evaluation, so the same command resumes a bench that was cut off: evaluated runs are kept, trained runs whose model
 is still there are only evaluated, the others run again. ``--parallel P`` runs P of them at once, each in its own
 process (``--pin``: on its own share of the CPUs); ``--report`` only re-summarises what ``--out`` holds.
+
+Results and how to read them: ``docs/results/ablation.md``.
 """
 
 from __future__ import annotations

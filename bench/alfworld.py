@@ -7,6 +7,8 @@ the CPU time of each phase of a game (generating it, loading it into the engine,
 
     python -m bench.alfworld [--sessions 64] [--concurrent 32] [--steps 10] [--replicas 1]
     python -m bench.alfworld --phases 30
+
+Results and how to read them: ``docs/environments/alfworld.md``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ resumes with the same command: evaluated pairs are kept, trained ones whose mode
 the others run again.
 The last line printed is ``key=value`` pairs: mean speedup (sync training time / async training time) and held-out
 success of each arm with their standard errors over seeds, the paired difference, and the async runs' staleness.
+
+Results and how to read them: ``docs/training/async.md``.
 """
 
 from __future__ import annotations

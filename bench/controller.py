@@ -25,6 +25,8 @@ each variant meets the targets (controller overhead p50 < 1 ms, >= 3000 interact
 Usage::
 
     python -m bench.controller [--duration 2] [--sessions 5000] [--latency-samples 1000] [--http ours,aiohttp]
+
+Results and how to read them: ``docs/environments/index.md``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ success) and down (success -> fail) pooled over every seed's episodes, with the 
 least :data:`FAMILIES_UP` families rise. The last line printed is ``key=value`` pairs: per family and mode the mean
 change, its standard error and the p-value, then the seeds and how many of them had :data:`FAMILIES_UP` families
 rise in each mode.
+
+Results and how to read them: ``docs/demo.md``.
 """
 
 from __future__ import annotations

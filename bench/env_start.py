@@ -6,6 +6,8 @@ time between them (as an agent's episodes do), each closed before the next; the 
 both modes. Usage::
 
     python -m bench.env_start [--sessions 20] [--pool-size 2] [--gap 0.5]
+
+Results and how to read them: ``docs/environments/index.md``.
 """
 
 from __future__ import annotations

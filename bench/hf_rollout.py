@@ -8,6 +8,8 @@ Both decode greedily for a fixed number of new tokens (eos ignored), so they do 
     python -m bench.hf_rollout --model qwen2-0.5b    # random Qwen2 of Qwen2.5-0.5B's shape (GPU), bf16
 
 Last line: ``key=value`` pairs (tokens/s per concurrency for both, and their ratio).
+
+Results and how to read them: ``docs/training/rollout-backends.md``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ layer's. Variants:
 ``python -m bench.http_libraries VARIANT ARGS...`` runs ``agentrl-env ARGS...`` with the variant installed (how
 the benchmark starts its controller and worker). aiohttp (``.[test]``) and uvicorn (``.[train]``) are imported
 only when a variant needs them.
+
+Results and how to read them: ``docs/environments/index.md``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ every query the store actually ran (round trip), and, for Virtuoso, the server's
 installed. Usage::
 
     python -m bench.kg [--items 300] [--group 1] [--query-cache 10000] [--backends embedded virtuoso]
+
+Results and how to read them: ``docs/environments/kg.md``.
 """
 
 from __future__ import annotations

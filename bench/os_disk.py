@@ -5,6 +5,8 @@ One session of the ``os`` task (the Docker daemon that ``DOCKER_HOST`` names, el
 removed). Usage::
 
     python -m bench.os_disk [--disk 2g] [--write-mib 5120]
+
+Results and how to read them: ``docs/environments/os.md``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ For each concurrency c, the same c prompts go to vLLM (``LLM.generate``, token i
     .venv-vllm/bin/python -m bench.vllm_rollout --model qwen2-0.5b   # random Qwen2 of Qwen2.5-0.5B's shape
 
 Last line: ``key=value`` pairs (tokens/s per concurrency for both, and their ratio).
+
+Results and how to read them: ``docs/training/rollout-backends.md``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ Prints the demonstrations per family (count, seconds, tokens of an episode and o
 evaluation, and as its last line
 ``key=value`` pairs: seconds per training step (evaluations excluded), per evaluation, and the last success per
 family. ``--output FILE`` also writes the curves as JSON.
+
+Results and how to read them: ``docs/results/tiny-learning.md``.
 """
 
 from __future__ import annotations

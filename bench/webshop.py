@@ -12,6 +12,8 @@ episode step latency.
 Usage::
 
     python -m bench.webshop [--products 100000] [--queries 1000] [--episodes 200]
+
+Results and how to read them: ``docs/environments/webshop.md``.
 """
 
 from __future__ import annotations

@@ -29,3 +29,12 @@ def test_every_path_and_relative_link_exists(page):
     links = [link for link in LINK.findall(text) if "://" not in link]
     missing += sorted(link for link in links if not (page.parent / link).exists())
     assert missing == [], f"{page.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=lambda p: p.name)
+def test_every_runnable_bench_links_the_page_of_its_results(bench):
+    pages = [path for path in repository_paths(bench.read_text(encoding="utf-8")) if path.startswith("docs/")]
+    assert pages and all((ROOT / page).exists() for page in pages), f"{bench.name} names no existing docs page"
