@@ -44,8 +44,10 @@ MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
 
 
 def test_settings_load_validate_and_override():
-    config = load_demo_config()
-    assert [t.name for t in config.tasks] == ["calc", "db", "os", "kg", "webshop"] and config.rl.steps == 40
+    config, embedded = load_demo_config(), yaml.safe_load(DEMO_RUN.read_text())
+    # Without a file, the embedded settings are what loads.
+    assert [t.name for t in config.tasks] == [t["name"] for t in embedded["tasks"]]
+    assert config.rl.steps == embedded["rl"]["steps"] and config.warmup.lr == embedded["warmup"]["lr"]
     config = load_demo_config(None, ["rl.steps=3", "tasks.0.held_out=50", "warmup.lr=0.01", "rl.stall_s=60"])
     assert (config.rl.steps, config.tasks[0].held_out, config.warmup.lr, config.rl.stall_s) == (3, 50, 0.01, 60)
     with pytest.raises(ValueError, match="stepz"):
