@@ -45,7 +45,7 @@ from verl.experimental.agent_loop.tool_parser import logger as tool_parser_logge
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.workers.rollout.replica import TokenOutput
 
-from agentrl_verl.core.config import AGENT_NAME, AgentConfig, agentrl_config, with_overrides
+from agentrl_verl.core.config import AGENT_NAME, AgentConfig, EnvConfig, agentrl_config, with_overrides
 from agentrl_verl.core.cross_policy import TurnLog, current_policy_versions
 from env_adapters.client import EnvClient, EnvRequestError, EnvUnavailable
 from env_adapters.protocol import Message, SampleStatus, ToolSchema
@@ -108,11 +108,12 @@ class Episode:
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, EnvClient]] = weakref.WeakKeyDictionary()
 
 
-def shared_env_client(url: str, token: str | None = None) -> EnvClient:
-    """The process-wide :class:`EnvClient` for ``url`` on the running event loop."""
+def shared_env_client(url: str, env: EnvConfig) -> EnvClient:
+    """The process-wide :class:`EnvClient` for ``url`` on the running event loop, with ``env``'s token (read once,
+    when the client is made: a token file is not read again for every episode)."""
     per_loop = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
     if url not in per_loop:
-        per_loop[url] = EnvClient(url, token=token)
+        per_loop[url] = EnvClient(url, token=env.resolved_token())
     return per_loop[url]
 
 
@@ -145,7 +146,7 @@ class AgentRLAgentLoop(AgentLoopBase):
         agentrl = agentrl_config(self.config)
         self.options: AgentConfig = with_overrides(agentrl.agent, options, "agentrl.agent")
         self.env_url = env_url or agentrl.env.url
-        self.env_token = agentrl.env.resolved_token()
+        self.env_config = agentrl.env
         if env_client is None and not self.env_url:
             raise ValueError("agentrl_agent needs the controller address: set +agentrl.env.url=http://HOST:PORT")
         self._env_client = env_client
@@ -157,7 +158,7 @@ class AgentRLAgentLoop(AgentLoopBase):
 
     @property
     def env(self):
-        return self._env_client if self._env_client is not None else shared_env_client(self.env_url, self.env_token)
+        return self._env_client if self._env_client is not None else shared_env_client(self.env_url, self.env_config)
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
         """One turn's tokens from the policy (which member of the cross-policy pool serves it is the pool's choice:

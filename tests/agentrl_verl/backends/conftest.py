@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -15,14 +14,10 @@ FACTS = Path(__file__).with_name("vllm_cpu_facts.py")
 
 
 @pytest.fixture(scope="module")
-def facts() -> dict:
-    try:
-        python = vllm_cpu.vllm_python()
-    except FileNotFoundError as e:
-        pytest.fail(str(e))
+def facts(vllm_python) -> dict:
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([python, str(FACTS), str(build_tiny_model())], env=env, capture_output=True,
+    proc = subprocess.run([vllm_python, str(FACTS), str(build_tiny_model())], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -33,15 +33,6 @@ LEFTOVERS = (*vllm_cpu.LEFTOVER_PREFIXES, vllm_cpu.SEMAPHORE_PREFIX)
 
 
 @pytest.fixture(scope="module")
-def vllm_python() -> str:
-    try:
-        python = vllm_cpu.vllm_python()
-    except FileNotFoundError as e:
-        pytest.fail(str(e))
-    return python
-
-
-@pytest.fixture(scope="module")
 def run_vllm(run_main_ppo, vllm_python):
     def run(workdir: Path, name: str, *overrides: str,
             env: dict[str, str] | None = None) -> tuple[str, dict[int, dict]]:
