@@ -328,19 +328,17 @@ def _run_demo(out: Path, *args: str) -> str:
     return res.stderr
 
 
-SUITE_RL_STEPS = 20
-"""The suite's demo run trains half the default's 40 RL steps: everything else is the README's first command. The
-RL phase is most of the run's time (about 190 of the 480 s it saves on an idle 2-core machine), and the learning
-check below is still far inside its bound at 20 steps (one run: sampled 0.040 -> 0.165, 31 pairs up and 6 down,
-p = 2e-5)."""
+DEMO_RL_STEPS = load_demo_config().rl.steps
+"""The suite's demo run is the README's first command unchanged, RL steps included. A run cut to half the steps
+(20) once cleared the learning check below by far (31 pairs up, 6 down) and once missed it (24 up, 16 down,
+p = 0.13): half the steps is not enough evidence for one run."""
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The default demo as the README's first command runs it, with :data:`SUITE_RL_STEPS` RL steps, shared by the
-    checks below."""
+    """The default demo as the README's first command runs it, shared by the checks below."""
     out = tmp_path_factory.mktemp("demo") / "demo"
-    return out, _run_demo(out, "--set", f"rl.steps={SUITE_RL_STEPS}")
+    return out, _run_demo(out)
 
 
 @pytest.mark.slow
@@ -355,10 +353,10 @@ def test_demo_runs_end_to_end_and_reports(demo_run):
     tasks = trained | {"kg", "webshop"}  # weight 0: evaluated before and after RL, not trained on
     assert set(summary["tasks"]) == tasks and summary["tasks"]["calc"]["held_out"] == 200
     # Progress was shown per RL step, with the reward and success of each trained task.
-    assert [int(m) for m in re.findall(rf"RL step (\d+)/{SUITE_RL_STEPS}", log)] == list(range(1, SUITE_RL_STEPS + 1))
+    assert [int(m) for m in re.findall(rf"RL step (\d+)/{DEMO_RL_STEPS}", log)] == list(range(1, DEMO_RL_STEPS + 1))
     assert all(f"{task}: reward" in log for task in trained)
     assert not any(f"{task}: reward" in log for task in tasks - trained)
-    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, SUITE_RL_STEPS + 1))
+    assert [row["step"] for row in summary["rl"]["history"]] == list(range(1, DEMO_RL_STEPS + 1))
     history = [row["data"] for row in summary["rl"]["history"]]
     # The asynchronous trainer with cross-policy sampling: the pool's stale turns are off-policy by design and
     # outside the bound, yet no turn of the trained policy was beyond it and no group was trained beyond it.
@@ -381,7 +379,7 @@ episode, which the exact sign test over the pairs that changed (McNemar's test) 
 what RL optimises; greedy success is reported, not asserted. Measured: sampled 0.120 -> 0.455 (seed 0: 77 pairs up,
 10 down, p = 3e-14) and 0.180 -> 0.585 (seed 1: 90 up, 9 down); with the earlier tokenizer (trained without the
 other families' episodes) 0.525 -> 0.645 and 0.120 -> 0.285. One run is far inside the bound, so the check reuses
-the run above instead of paying for a second one (at :data:`SUITE_RL_STEPS` steps)."""
+the run above instead of paying for a second one."""
 
 
 @pytest.mark.slow
