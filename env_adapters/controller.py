@@ -105,6 +105,7 @@ class WorkerEntry:
     alive: bool = True
     stale: bool = False
     problem: str | None = None  # why the worker's task is unhealthy, as its last heartbeat said; None when healthy
+    node: str | None = None  # where it runs, as it says (our launchers name the Ray node); absent upstream
     sessions: set[int] = field(default_factory=set)  # running (or starting) sessions placed here
     cancelling: set[int] = field(default_factory=set)  # ended here, still held there until our cancel arrives
 
@@ -115,7 +116,7 @@ class WorkerEntry:
     def describe(self, now: float) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "address": self.address, "concurrency": self.concurrency,
                 "current": len(self.sessions), "alive": self.alive, "stale": self.stale,
-                "healthy": self.problem is None, "problem": self.problem,
+                "healthy": self.problem is None, "problem": self.problem, "node": self.node,
                 "last_heartbeat_s": round(now - self.last_seen, 3)}
 
 
@@ -493,7 +494,8 @@ class Controller:
                                  data.get("indices") or [], instance, now)
             self.workers[worker.id] = self._by_address[(name, worker.address)] = worker
             logger.info("worker %d registered: task %r at %s, concurrency %d", worker.id, name, address, concurrency)
-        worker.last_seen, worker.concurrency = now, concurrency
+        node = data.get("node")
+        worker.last_seen, worker.concurrency, worker.node = now, concurrency, node if isinstance(node, str) else None
         problem = None if healthy else str(data.get("problem") or "the worker reports itself unhealthy")
         if problem != worker.problem:
             if problem is None:

@@ -3,15 +3,17 @@
 Config::
 
     controller: {host: 127.0.0.1, port: 5020, token: null, session_idle_timeout: 300, ...}  # ControllerConfig keys
+    workers:
+      - {task: calc, name: calc, replicas: 2, concurrency: 64, threads: 8, options: {seed: 0},
+         ray: {num_cpus: 0, resources: {}, max_restarts: 3}}  # placement, read with --ray only
 
 Off loopback the controller needs a token: ``token``, or ``token_file`` (a file holding it, made with a random token
 when it does not exist; the training side reads it with ``agentrl.env.token_file``), or, on a trusted network only,
 ``allow_no_token: true``.
-    workers:
-      - {task: calc, name: calc, replicas: 2, concurrency: 64, threads: 8, options: {seed: 0}}
 
-Each process is a subprocess (``python -m env_adapters.cli controller|worker ...``); :class:`EnvStack` is the
-same thing as a context manager for tests and demos::
+Each process is a subprocess (``python -m env_adapters.cli controller|worker ...``), or with ``--ray [ADDRESS]`` a
+process owned by a Ray actor, placed over the cluster by each worker's ``ray`` entry
+(:mod:`env_adapters.ray_stack`); :class:`EnvStack` is the same thing as a context manager for tests and demos::
 
     with EnvStack({"workers": [{"task": "calc"}]}) as stack:
         client = EnvClient(stack.url)
@@ -67,6 +69,15 @@ class ControllerSpec(BaseModel):
         return self
 
 
+class RayPlacement(_Strict):
+    """Where a worker entry's replicas may run on a Ray cluster (``agentrl-env up --ray``; ignored without it)."""
+
+    num_cpus: float = Field(0, ge=0)  # reserved per replica; 0 leaves the cores to the training run's actors
+    memory: int | None = Field(None, ge=0)  # bytes reserved per replica
+    resources: dict[str, float] = Field(default_factory=dict)  # custom resources a node must offer, e.g. {docker: 1}
+    max_restarts: int = Field(3, ge=-1)  # how often Ray starts a dead replica again (-1: always)
+
+
 class WorkerSpec(_Strict):
     task: str
     name: str | None = None
@@ -75,6 +86,7 @@ class WorkerSpec(_Strict):
     threads: int | None = Field(None, ge=1)  # for blocking task code; default: the concurrency
     options: dict[str, Any] = Field(default_factory=dict)
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    ray: RayPlacement = Field(default_factory=RayPlacement)
 
 
 class StackConfig(_Strict):
@@ -129,13 +141,14 @@ class EnvStack:
         self.url: str | None = None
         self.controller: subprocess.Popen | None = None
         self.workers: list[tuple[str, subprocess.Popen]] = []  # (label, process)
-        self._worker_cmds: list[list[str]] = []
+        self._worker_cmds: list[tuple[list[str], RayPlacement]] = []  # how worker i was started
         spec = self.config.controller
         self.token = ensure_token_file(spec.token_file) if spec.token_file else spec.token
 
     # ---- processes ------------------------------------------------------------------------------
 
-    def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, label: str, args: list[str], placement: RayPlacement | None = None) -> subprocess.Popen:
+        """Start ``agentrl-env ARGS`` as process ``label`` (``placement`` is for launchers that place processes)."""
         cmd = [*self.command, *args]
         if self.inherit:
             return subprocess.Popen(cmd)
@@ -151,6 +164,18 @@ class EnvStack:
     def _token_args(self) -> list[str]:
         return ["--token", self.token] if self.token else []
 
+    def _worker_args(self) -> list[str]:
+        """Arguments every worker gets besides its entry's (where it binds)."""
+        return []
+
+    def _controller_args(self, url_file: Path) -> list[str]:
+        spec = self.config.controller
+        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file),
+                *(["--allow-no-token"] if spec.allow_no_token else [])]
+        for key, value in (spec.model_extra or {}).items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return args + self._token_args()
+
     def start(self) -> str:
         """Start everything and wait until all workers registered; return the controller URL."""
         try:
@@ -164,14 +189,9 @@ class EnvStack:
         return self.url
 
     def _start_controller(self) -> None:
-        spec = self.config.controller
         url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
         url_file.unlink(missing_ok=True)
-        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file),
-                *(["--allow-no-token"] if spec.allow_no_token else [])]
-        for key, value in (spec.model_extra or {}).items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
-        self.controller = self._spawn("controller", args + self._token_args())
+        self.controller = self._spawn("controller", self._controller_args(url_file))
         deadline = time.monotonic() + self.startup_timeout
         while not url_file.exists() or not url_file.read_text():
             if self.controller.poll() is not None:
@@ -185,17 +205,17 @@ class EnvStack:
 
     def _start_workers(self) -> None:
         for i, spec in enumerate(self.config.workers):
-            options_file = self.log_dir / f"worker{i}-options-{os.getpid()}-{id(self)}.yaml"
-            options_file.write_text(yaml.safe_dump(spec.options))
+            # Inline (JSON is YAML), so that a worker on any host reads them.
+            options = [arg for key, value in spec.options.items() for arg in ("--option", f"{key}={json.dumps(value)}")]
             for r in range(spec.replicas):
                 label = f"worker{i}.{r}-{spec.name or spec.task}"
                 cmd = ["worker", "--task", spec.task, "--name", spec.name or spec.task, "--controller", self.url,
-                       "--concurrency", str(spec.concurrency), "--config", str(options_file),
-                       "--heartbeat-interval", str(spec.heartbeat_interval), *self._token_args()]
+                       "--concurrency", str(spec.concurrency), *options,
+                       "--heartbeat-interval", str(spec.heartbeat_interval), *self._token_args(), *self._worker_args()]
                 if spec.threads is not None:
                     cmd += ["--threads", str(spec.threads)]
-                self._worker_cmds.append(cmd)
-                self.workers.append((label, self._spawn(label, cmd)))
+                self._worker_cmds.append((cmd, spec.ray))
+                self.workers.append((label, self._spawn(label, cmd, spec.ray)))
         self.wait_registered(len(self.workers))
 
     def alive_workers(self) -> int:
@@ -234,7 +254,7 @@ class EnvStack:
         label, proc = self.workers[i]
         if proc.poll() is None:
             raise RuntimeError(f"worker {label} is still running; stop or kill it first")
-        self.workers[i] = (label, self._spawn(label, self._worker_cmds[i]))
+        self.workers[i] = (label, self._spawn(label, *self._worker_cmds[i]))
 
     def stop(self) -> None:
         """SIGTERM workers (so tasks tear down), then the controller; SIGKILL what outlives the grace period."""
@@ -270,11 +290,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="stack YAML (see env_adapters/configs/)")
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--log-dir", help="write each process's output to DIR/NAME.log (default: this terminal)")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="run every process as a Ray actor on the cluster at ADDRESS (default: the one RAY_ADDRESS "
+                        "names, else a new local one), placed by each worker's 'ray' entry")
 
 
 def run(args: argparse.Namespace) -> int:
-    stack = EnvStack(args.config, startup_timeout=args.startup_timeout, log_dir=args.log_dir,
-                     inherit=args.log_dir is None)
+    if args.ray is not None:
+        from env_adapters.ray_stack import RayEnvStack
+
+        if args.log_dir:
+            logger.error("--log-dir and --ray: under Ray each process's output is in Ray's logs (and this terminal)")
+            return 2
+        stack = RayEnvStack(args.config, address=args.ray or None, startup_timeout=args.startup_timeout)
+    else:
+        stack = EnvStack(args.config, startup_timeout=args.startup_timeout, log_dir=args.log_dir,
+                         inherit=args.log_dir is None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

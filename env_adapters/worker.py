@@ -146,17 +146,19 @@ class Worker:
         max_body_mb: Largest request body accepted (413 beyond), not counting the controller's envelope.
         health_timeout: Seconds a :meth:`~env_adapters.task.Task.healthy` check may run before the worker reports
             itself unhealthy.
+        node: Where the worker runs (e.g. its Ray node), announced to the controller and shown by ``list_workers``.
     """
 
     def __init__(self, task: Task, *, name: str, concurrency: int = 32, threads: int | None = None,
                  controller_url: str | None = None, token: str | None = None,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, allow_no_token: bool = False) -> None:
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, allow_no_token: bool = False,
+                 node: str | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"worker concurrency must be >= 1, got {concurrency}")
         if threads is not None and threads < 1:
             raise ValueError(f"worker threads must be >= 1, got {threads}")
-        self.task, self.name, self.concurrency = task, name, concurrency
+        self.task, self.name, self.concurrency, self.node = task, name, concurrency, node
         self.controller_url = controller_url.rstrip("/") if controller_url else None
         self.token, self.heartbeat_interval, self.max_body_mb = token, heartbeat_interval, max_body_mb
         self.health_timeout, self.allow_no_token = health_timeout, allow_no_token
@@ -239,6 +241,8 @@ class Worker:
             await self._poll_health()
             body = {"name": self.name, "address": self.address, "concurrency": self.concurrency,
                     "indices": self._indices, "instance": self.instance, "healthy": self.problem is None}
+            if self.node is not None:
+                body["node"] = self.node
             if self.problem is not None:
                 body["problem"] = self.problem
             try:
@@ -447,6 +451,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="bind port (0: any free port)")
     parser.add_argument("--address", help="API address announced to the controller (default http://HOST:PORT/api)")
     parser.add_argument("--concurrency", type=int, default=32, help="sessions served at once")
+    parser.add_argument("--node", help="where this worker runs (e.g. its Ray node id), shown by list_workers")
     parser.add_argument("--threads", type=int, help="threads for blocking task code (default: the concurrency)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (repeatable)")
     parser.add_argument("--config", help="YAML file of task options")
@@ -470,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(task, name=args.name or args.task, concurrency=args.concurrency, threads=args.threads,
                     controller_url=args.controller,
                     token=args.token, heartbeat_interval=args.heartbeat_interval, max_body_mb=args.max_body_mb,
-                    health_timeout=args.health_timeout, allow_no_token=args.allow_no_token)
+                    health_timeout=args.health_timeout, allow_no_token=args.allow_no_token, node=args.node)
     try:
         check_bind(args.host, args.token, args.allow_no_token)
     except InsecureBindError as e:
