@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, TypeAdapter
 from pydantic import ValidationError as _PydanticValidationError
@@ -103,10 +103,18 @@ def _lower(value: Any) -> Any:
 
 @dataclass(frozen=True, config=_STRICT)
 class EnvConfig:
-    """``agentrl.env``: where the agent loop finds the environment controller."""
+    """``agentrl.env``: where the agent loop finds the environment controller, or the stack the run starts."""
 
     url: StrictStr | None = Field(None, description="controller address used by `agentrl_agent`",
-                                  json_schema_extra={"doc_default": "required"})
+                                  json_schema_extra={"doc_default": "required (or `launch: ray`)"})
+    launch: Literal["url", "ray"] = Field(
+        "url", description="`url`: use the controller at `url`; `ray`: start `stack` on the run's Ray cluster before "
+        "step 1 and stop it at the end")
+    stack: StrictStr | dict[str, Any] | None = Field(
+        None, description="with `launch: ray`: the stack config, an absolute YAML path (verl's task runner may run "
+        "on another node or folder) or the mapping itself")
+    startup_timeout: StrictFloat = Field(300.0, gt=0,
+                                         description="with `launch: ray`: seconds for the stack to come up")
     token: StrictStr | None = Field(None, description="controller token")
     token_file: StrictStr | None = Field(None, description="file holding the controller token (read on every node; "
                                          "what `agentrl-env up` writes for `controller.token_file`)")
@@ -114,6 +122,11 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.token and self.token_file:
             raise ValueError("set agentrl.env.token or agentrl.env.token_file, not both")
+        if self.launch == "ray" and not self.stack:
+            raise ValueError("agentrl.env.launch=ray starts the stack of agentrl.env.stack: set it to a stack YAML")
+        if isinstance(self.stack, str) and not Path(self.stack).expanduser().is_absolute():
+            raise ValueError(f"agentrl.env.stack={self.stack} must be an absolute path (verl's task runner may run in "
+                             f"another folder or on another node): e.g. $(realpath {self.stack})")
 
     def resolved_token(self) -> str | None:
         """The controller token: ``token``, else the content of ``token_file``, else None.
@@ -409,8 +422,11 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
             "checkpoint engine cannot reach: set actor_rollout_ref.rollout.checkpoint_engine.backend=nccl on GPUs "
             "or =ray_object_store on CPU")
     agent_loop = _select(run_config, "actor_rollout_ref.rollout.agent.default_agent_loop")
-    if agent_loop == AGENT_NAME and not config.env.url:
+    if agent_loop == AGENT_NAME and not config.env.url and config.env.launch != "ray":
         problems.append(f"{AGENT_NAME} needs the controller address: set +{ROOT}.env.url=http://HOST:PORT")
+    if config.env.launch == "ray" and config.env.url:
+        problems.append(f"{ROOT}.env.launch=ray gives the agent loop the URL of the stack it starts: remove "
+                        f"{ROOT}.env.url")
     if config.env.token_file:
         try:
             config.env.resolved_token()

@@ -42,6 +42,7 @@ from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
 
 from agentrl_verl.core.advantage import task_norm_grpo_advantage
 from agentrl_verl.core.config import ESTIMATOR_NAME, AgentRLConfig, TaskAdvNorm, validate_run_config
+from agentrl_verl.core.env_launch import start_env_stack
 from agentrl_verl.core.policy_pool import CrossPolicyTrainerMixin
 from agentrl_verl.core.verl_seam import batch_fields
 
@@ -154,11 +155,32 @@ class TaskAwareTrainerMixin:
     verl_mode: ClassVar[str]
     agentrl: AgentRLConfig
     _agent_loop_ready_s: float | None = None
+    _env_stack: Any = None  # the run's own environment stack (agentrl.env.launch=ray)
 
     def __init__(self, config: Any) -> None:
         # On the driver, before verl's constructor and any worker: a bad agentrl.* key stops the launch here.
         self.agentrl = validate_run_config(config)
-        super().__init__(config)
+        # agentrl.env.launch=ray: the stack comes up before verl creates the agent loop workers that read its URL.
+        self._env_stack = start_env_stack(config, self.agentrl)
+        with self._stopping_env_stack_on_error():
+            super().__init__(config)
+
+    @contextlib.contextmanager
+    def _stopping_env_stack_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self._stop_env_stack()
+            raise
+
+    def _stop_env_stack(self) -> None:
+        if self._env_stack is not None:
+            self._env_stack.stop()
+            self._env_stack = None
+
+    def init(self) -> None:
+        with self._stopping_env_stack_on_error():
+            super().init()
 
     @property
     def trainer_mode(self) -> str:
@@ -174,7 +196,10 @@ class TaskAwareTrainerMixin:
         started = time.monotonic()
         ray.get([worker.__ray_ready__.remote() for worker in getattr(agent_loop_manager, "agent_loop_workers", [])])
         self._agent_loop_ready_s = time.monotonic() - started
-        super().fit(agent_loop_manager)
+        try:
+            super().fit(agent_loop_manager)
+        finally:
+            self._stop_env_stack()
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # Every row, padding included: the estimator sees verl's whole batch in its row order.

@@ -135,6 +135,9 @@ def _run(agentrl=None, **verl):
         {"name": "a", "base_url": "u", "model": "m"}]}},
      {"actor_rollout_ref.rollout.checkpoint_engine.backend": "ray_object_store"}, "endpoints is for evaluation"),
     ({}, {}, "agentrl_agent needs the controller address: set +agentrl.env.url"),
+    ({"env": {"launch": "ray"}}, {}, "agentrl.env.launch=ray starts the stack of agentrl.env.stack: set it"),
+    ({"env": {"launch": "ray", "stack": "env/stack.yaml"}}, {}, "must be an absolute path"),
+    ({"env": {"launch": "ray", "stack": "/s.yaml", "url": "http://h"}}, {}, "remove agentrl.env.url"),
 ])
 def test_contradictions_stop_the_launch(agentrl, verl, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -165,6 +168,12 @@ def test_a_token_file_is_read_and_checked_at_launch(tmp_path):
         validate_run_config(_run({"env": {"url": "http://h", "token_file": str(tmp_path / "missing")}}))
     with pytest.raises(ConfigError, match="not both"):
         validate_run_config(_run({"env": {"url": "http://h", "token": "a", "token_file": str(token_file)}}))
+
+
+def test_a_run_that_starts_its_stack_needs_no_url():
+    run = _run({"env": {"launch": "ray", "stack": {"workers": [{"task": "calc"}]}}})
+    assert validate_run_config(run).env.stack == {"workers": [{"task": "calc"}]}
+    assert validate_run_config(_run({"env": {"launch": "ray", "stack": "~/stack.yaml"}})).env.launch == "ray"
 
 
 def test_consistent_combinations_pass():

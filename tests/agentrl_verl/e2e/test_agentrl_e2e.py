@@ -2,47 +2,59 @@
 tasks, the ``task_norm_grpo`` estimator and the ``agentrl_sync`` trainer mode, with per-task metrics logged
 through verl's tracking.
 
-The stack (controller + one worker per task, subprocesses) runs ``calc`` and the ``chatter`` test task (many
-turns for any model); ``make-data`` builds the datasets from the running controller.
+The run starts its own stack on its Ray cluster (``agentrl.env.launch=ray``: controller and one worker per task as
+Ray actors) of ``calc`` and the ``chatter`` test task (many turns for any model), and takes it down at the end. The
+datasets come from ``make-data`` on a stack of the same workers started here (the other e2e tests give the run such
+a stack's URL).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import urllib.request
+from pathlib import Path
+
 import pandas as pd
+import psutil
 import pytest
+import yaml
 
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def stack(start_stack):
-    workers = [{"task": "calc", "name": "calc", "concurrency": 8, "options": {"size": 32}},
-               {"task": "chatter_task:ChatterTask", "name": "chatter", "concurrency": 8,
-                "options": {"rounds": 3, "size": 8}}]
-    with start_stack(workers) as env:
-        yield env
+WORKERS = [{"task": "calc", "name": "calc", "concurrency": 8, "options": {"size": 32}},
+           {"task": "chatter_task:ChatterTask", "name": "chatter", "concurrency": 8,
+            "options": {"rounds": 3, "size": 8}}]
 
 
-def test_two_tasks_train_with_task_normalised_advantages(stack, tmp_path, run_main_ppo):
-    assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "16",
-                             "--val-fraction", "0.25", "--seed", "0"]) == 0
+def test_two_tasks_train_with_task_normalised_advantages_on_a_stack_the_run_starts(start_stack, tmp_path,
+                                                                                    run_main_ppo):
+    with start_stack(WORKERS) as env:
+        assert agentrl_verl_cli(["make-data", "--controller", env.url, "--out", str(tmp_path), "--train-size", "16",
+                                 "--val-fraction", "0.25", "--seed", "0"]) == 0
     assert set(pd.read_parquet(tmp_path / "train.parquet")["data_source"]) == {"calc", "chatter"}
+    stack_file = tmp_path / "stack.yaml"
+    stack_file.write_text(yaml.safe_dump({"controller": {"port": 0}, "workers": WORKERS}))
 
-    _, steps = run_main_ppo(
+    log, steps = run_main_ppo(
         tmp_path, build_tiny_model(), "agentrl",
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_sync",
-        f"+agentrl.env.url={stack.url}",
+        "+agentrl.env.launch=ray",
+        f"+agentrl.env.stack={stack_file}",
         "+agentrl.task_adv_norm=token",
         "+agentrl.agent.max_turns=3",
         "+agentrl.agent.max_new_tokens=24",
         "+agentrl.agent.max_total_tokens=400",
         "data.max_prompt_length=160",
         "data.max_response_length=160",
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))},  # chatter_task
     )
     assert sorted(steps) == [1, 2, 3]
     seen = set()
@@ -59,3 +71,10 @@ def test_two_tasks_train_with_task_normalised_advantages(stack, tmp_path, run_ma
             assert m["agentrl/chatter/turns"] > 1  # multi-turn episodes really ran
         assert m["actor/pg_loss"] == m["actor/pg_loss"]  # not NaN
     assert seen == {"calc", "chatter"}
+    url = re.search(r"environment stack of \S+ up at (http://[\d.]+:\d+) for this run \(2 workers\)", log).group(1)
+    with pytest.raises(OSError):  # the run's controller went with the run
+        urllib.request.urlopen(f"{url}/api/list_workers", timeout=5)
+    stack_processes = [p for p in psutil.process_iter(["cmdline"])
+                       if "env_adapters.cli" in (cmdline := p.info["cmdline"] or []) and "--node" in cmdline]
+    assert stack_processes == []
+
