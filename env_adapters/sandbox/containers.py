@@ -23,7 +23,9 @@ import socket
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 import docker.errors
@@ -97,8 +99,24 @@ def owner_alive(owner: str) -> bool | None:
     return _start_time(int(pid)) == start
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A container handed out by :meth:`ContainerPool.acquire`.
+
+    Attributes:
+        container: The running container.
+        ready: What the pool's ``prepare`` hook made ready in it (e.g. an open shell); None without a hook.
+    """
+
+    container: Container
+    ready: Any = None
+
+
 class ContainerPool:
     """Starts, hands out and removes the containers of one process, keeping ``size`` idle ones per image.
+
+    A pooled container has everything item-independent done before a session takes it: started with its limits,
+    and whatever ``prepare`` does (the ``os`` task opens the agent's login shell), so a hand-over is a list pop.
 
     The first container tells whether the daemon can bound the writable space (:attr:`disk_bounded`, see
     :attr:`Limits.disk`): it is started with ``storage_opt`` and, if the daemon refuses that, without.
@@ -108,17 +126,21 @@ class ContainerPool:
         limits: Isolation of every container.
         size: Idle containers kept started per image (0: start one on demand for every session).
         reap_interval: Seconds between reaper runs after :meth:`start` (0: only at start).
+        prepare: Run (in a thread) on every new container before it is handed out; its result is the lease's
+            ``ready``, closed with the pool if still idle then (when it has ``close``). A container whose
+            ``prepare`` raises is removed.
     """
 
     def __init__(self, client: docker.DockerClient | None = None, *, limits: Limits | None = None, size: int = 2,
-                 reap_interval: float = 60.0) -> None:
+                 reap_interval: float = 60.0, prepare: Callable[[Container], Any] | None = None) -> None:
         if size < 0:
             raise ValueError(f"pool size must be >= 0, got {size}")
         self.client = client or docker.from_env()
         self.limits = limits or Limits()
         self.size, self.reap_interval = size, reap_interval
         self.owner = this_owner()
-        self._idle: dict[str, list[Container]] = defaultdict(list)
+        self.prepare = prepare
+        self._idle: dict[str, list[Lease]] = defaultdict(list)
         self._live: set[str] = set()  # names of every container this pool started and has not removed
         self._refills: dict[str, asyncio.Task] = {}
         self._creating: set[asyncio.Task] = set()  # container starts in flight (threads outlive cancellation)
@@ -139,14 +161,14 @@ class ContainerPool:
         if self.size and (image not in self._refills or self._refills[image].done()):
             self._refills[image] = asyncio.create_task(self._refill(image))
 
-    async def acquire(self, image: str) -> Container:
-        """A running container of ``image``: an idle pooled one if there is one, else a new one."""
+    async def acquire(self, image: str) -> Lease:
+        """A running, prepared container of ``image``: an idle pooled one if there is one, else a new one."""
         idle = self._idle[image]
-        container = idle.pop() if idle else None
+        lease = idle.pop() if idle else None
         self.warm(image)
-        if container is None:
-            container = await self._create_async(image)
-        return container
+        if lease is None:
+            lease = await self._create_async(image)
+        return lease
 
     async def release(self, container: Container) -> None:
         """Remove a container handed out by :meth:`acquire` (containers are never reused across sessions).
@@ -173,6 +195,9 @@ class ContainerPool:
         # A cancelled start still finishes in its thread: wait for it, so that the reap below sees its container.
         await asyncio.gather(*self._creating, return_exceptions=True)
         await self.removals()
+        for lease in (lease for idle in self._idle.values() for lease in idle):
+            if hasattr(lease.ready, "close"):
+                lease.ready.close()
         self._idle.clear()
         await asyncio.to_thread(self.reap, True)
 
@@ -199,11 +224,11 @@ class ContainerPool:
         # One container at a time: starting many at once only slows the sessions that are waiting.
         while len(self._idle[image]) < self.size:
             try:
-                container = await self._create_async(image)
-            except docker.errors.DockerException as e:
+                lease = await self._create_async(image)
+            except Exception as e:  # noqa: BLE001 - Docker's or prepare's: the pool stays short, sessions start cold
                 logger.warning("could not pre-start a container of %s: %s", image, e)
                 return
-            self._idle[image].append(container)
+            self._idle[image].append(lease)
 
     async def _reap_loop(self) -> None:
         while True:
@@ -218,23 +243,26 @@ class ContainerPool:
         if not removal.cancelled() and removal.exception() is not None:  # the reaper retries it
             logger.warning("could not remove a container: %s", removal.exception())
 
-    async def _create_async(self, image: str) -> Container:
+    async def _create_async(self, image: str) -> Lease:
         task = asyncio.ensure_future(asyncio.to_thread(self._create, image))
         self._creating.add(task)
         task.add_done_callback(self._creating.discard)
         # Shielded: cancelling the caller must not orphan a start that :meth:`close` has to wait for.
         return await asyncio.shield(task)
 
-    def _create(self, image: str) -> Container:
+    def _create(self, image: str) -> Lease:
         name = f"agentrl-{uuid.uuid4().hex[:16]}"
         # Registered before it exists, so that a concurrent reaper run never takes it for an orphan.
         self._live.add(name)
         try:
+            container = None
             if self.disk_bounded is None and self.limits.disk is not None:
                 with self._disk_probe:  # one probe: the others wait for its answer
                     if self.disk_bounded is None:
-                        return self._probe_disk_bound(image, name)
-            return self._run(image, name, bool(self.disk_bounded))
+                        container = self._probe_disk_bound(image, name)
+            if container is None:
+                container = self._run(image, name, bool(self.disk_bounded))
+            return Lease(container, self.prepare(container) if self.prepare is not None else None)
         except BaseException:
             self._live.discard(name)
             with contextlib.suppress(docker.errors.DockerException):

@@ -97,20 +97,21 @@ class OSSession(Session):
         self.shell: PersistentShell | None = None
         self.rounds = self.commands = self.timeouts = 0
         self.command_seconds = 0.0
-        self.start_seconds = 0.0
+        self.start_seconds = self.handover_seconds = 0.0
 
     def _metrics(self, score: float = 0.0, **extra: Any) -> dict[str, Any]:
         return {"score": score, "rounds": self.rounds, "commands": self.commands, "timeouts": self.timeouts,
                 "command_seconds": round(self.command_seconds, 3), "start_seconds": round(self.start_seconds, 3),
-                **extra}
+                "handover_seconds": round(self.handover_seconds, 4), **extra}
 
     async def reset(self) -> StepResult:
         t0 = time.monotonic()
         image = await self.task.image(self.item.flavour)
-        self.container = await self.task.pool.acquire(image)
-        # Upstream opens the agent's login shell first: what an init writes for shells (~/.bashrc) takes
-        # effect when the agent sources it, not at login.
-        self.shell = await self.task.call(PersistentShell, self.task.client.api, self.container.id)
+        # The agent's login shell comes open with the container (the pool opens it): upstream opens it first, so
+        # what an init writes for shells (~/.bashrc) takes effect when the agent sources it, not at login.
+        lease = await self.task.pool.acquire(image)
+        self.container, self.shell = lease.container, lease.ready
+        self.handover_seconds = time.monotonic() - t0
         for number, script in enumerate(self.item.init):
             result = await self.task.call(self._exec, script)
             if result.exit_code != 0:
@@ -271,10 +272,14 @@ class OSTask(Task):
 
     async def setup(self) -> None:
         self.client = await self.call(docker.from_env)
-        self.pool = ContainerPool(self.client, limits=self.limits, size=self.pool_size,
+        self.pool = ContainerPool(self.client, limits=self.limits, size=self.pool_size, prepare=self._open_shell,
                                   reap_interval=self.reap_interval)
         await self.pool.start()
         self.pool.warm(await self.image("default"))
+
+    def _open_shell(self, container: Any) -> PersistentShell:
+        """The agent's login shell in a new container: the pool opens it before a session takes the container."""
+        return PersistentShell(self.client.api, container.id)
 
     async def teardown(self) -> None:
         if self.pool is not None:

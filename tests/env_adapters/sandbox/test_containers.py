@@ -55,7 +55,7 @@ def test_owner_labels_name_a_live_process():
 @pytest.mark.slow
 @pytest.mark.docker
 async def test_containers_are_isolated_and_labelled(pool, os_image):
-    container = await pool.acquire(os_image)
+    container = (await pool.acquire(os_image)).container
     host = container.attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["Memory"] == 256 * 2**20 and host["MemorySwap"] == 256 * 2**20
@@ -75,7 +75,7 @@ async def test_containers_are_isolated_and_labelled(pool, os_image):
 @pytest.mark.slow
 @pytest.mark.docker
 async def test_the_daemon_bounds_the_writable_space_everywhere(pool, os_image):
-    container = await pool.acquire(os_image)
+    container = (await pool.acquire(os_image)).container
     if not pool.disk_bounded:
         pytest.skip("this Docker daemon cannot bound a container's writable space (scripts/setup.sh starts one "
                     "that can): the fallback is tested instead")
@@ -96,7 +96,7 @@ async def test_the_daemon_bounds_the_writable_space_everywhere(pool, os_image):
 @pytest.mark.slow
 @pytest.mark.docker
 async def test_without_the_daemons_bound_no_file_grows_past_the_limit(pool, os_image):
-    container = await pool.acquire(os_image)
+    container = (await pool.acquire(os_image)).container
     if pool.disk_bounded:
         pytest.skip("this Docker daemon bounds a container's writable space: the fallback is not used")
     # One stream (exec 2>&1): bash's "File size limit exceeded" comes before what follows it.
@@ -118,7 +118,7 @@ async def test_pool_hands_out_prestarted_containers_and_refills(pool, os_image):
             break
         await asyncio.sleep(0.05)
     idle = pool._idle[os_image][0]
-    container = await pool.acquire(os_image)
+    container = (await pool.acquire(os_image)).container
     assert container.id == idle.id
     await pool._refills[os_image]
     assert len(pool._idle[os_image]) == 1 and pool._idle[os_image][0].id != container.id
@@ -139,7 +139,7 @@ async def test_reaper_removes_orphans_and_spares_the_living(pool, docker_client,
         # Ours but in no session and not in the pool: a session that ended without cleaning up.
         "stray": client.containers.create(image, ["true"], labels={**labels, LABEL_OWNER: pool.owner}),
     }
-    live = await pool.acquire(image)
+    live = (await pool.acquire(image)).container
     try:
         removed = pool.reap()
         assert {made["dead"].name, made["stray"].name} <= set(removed)
@@ -156,8 +156,9 @@ class _Daemon:
     """Stands in for a Docker client whose daemon bounds a container's writable space or refuses to."""
 
     def __init__(self, bounds: bool) -> None:
-        self.bounds, self.runs = bounds, []
-        self.containers = SimpleNamespace(run=self._run)
+        self.bounds, self.runs, self.removed = bounds, [], []
+        self.containers = SimpleNamespace(run=self._run, get=lambda name: SimpleNamespace(
+            remove=lambda force: self.removed.append(name)))
 
     def _run(self, image: str, command: list[str], **options):
         self.runs.append(options)
@@ -196,3 +197,25 @@ async def test_a_pool_without_disk_limit_asks_for_neither():
     await pool.acquire("image")
     assert pool.disk_bounded is None and not daemon.runs[0]["storage_opt"] and not _fsize(daemon.runs[0])
     assert not pool.over_disk_limit(SimpleNamespace(id="x"))
+
+
+async def test_a_pooled_container_is_handed_over_prepared_and_a_failed_preparation_removes_it():
+    prepared, calls = [], []
+
+    def prepare(container):
+        calls.append(container.name)
+        if len(calls) == 2:
+            raise RuntimeError("no shell")
+        prepared.append(container.name)
+        return f"shell of {container.name}"
+
+    daemon = _Daemon(bounds=True)
+    pool = ContainerPool(daemon, limits=Limits(disk=None), size=1, prepare=prepare)
+    pool.warm("image")
+    await pool._refills["image"]
+    lease = await pool.acquire("image")  # the pooled one, prepared before it was asked for
+    assert lease.ready == f"shell of {lease.container.name}" and prepared == [lease.container.name]
+    await pool._refills["image"]  # the refill after the hand-over fails to prepare its container: removed
+    assert daemon.removed == [daemon.runs[1]["name"]] and not pool._idle["image"]
+    lease = await pool.acquire("image")  # started on demand, prepared all the same
+    assert lease.ready == f"shell of {lease.container.name}"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 @pytest.fixture(scope="module")
 def container(docker_client, os_image):
     pool = ContainerPool(docker_client, size=0, reap_interval=0)
-    container = pool._create(os_image)
+    container = pool._create(os_image).container
     yield container
     pool._remove(container.name)
 
@@ -108,7 +108,7 @@ def test_exec_bounded_keeps_a_prefix_and_stops_an_endless_process(container):
 
 def test_exec_bounded_reports_a_process_that_cannot_start(docker_client, os_image):
     pool = ContainerPool(docker_client, size=0, reap_interval=0)
-    wrecked = pool._create(os_image)
+    wrecked = pool._create(os_image).container
     try:
         wrecked.exec_run(["rm", "-rf", "/root"])  # the working directory of every exec (upstream's /root)
         with pytest.raises(docker.errors.APIError, match="cannot start a process"):
