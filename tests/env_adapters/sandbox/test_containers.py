@@ -113,15 +113,12 @@ async def test_without_the_daemons_bound_no_file_grows_past_the_limit(pool, os_i
 @pytest.mark.docker
 async def test_pool_hands_out_prestarted_containers_and_refills(pool, os_image):
     pool.warm(os_image)
-    for _ in range(100):
-        if pool._idle[os_image]:
-            break
-        await asyncio.sleep(0.05)
-    idle = pool._idle[os_image][0]
+    await pool._refills[os_image]
+    idle = pool._idle[os_image][0].container
     container = (await pool.acquire(os_image)).container
     assert container.id == idle.id
     await pool._refills[os_image]
-    assert len(pool._idle[os_image]) == 1 and pool._idle[os_image][0].id != container.id
+    assert len(pool._idle[os_image]) == 1 and pool._idle[os_image][0].container.id != container.id
     await pool.release(container)
 
 
