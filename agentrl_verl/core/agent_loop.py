@@ -54,6 +54,22 @@ logger = logging.getLogger(__name__)
 
 # Errors that end an episode as ``task error`` instead of failing the training step.
 ENV_ERRORS = (EnvUnavailable, EnvRequestError, asyncio.TimeoutError)
+LOST_SESSION_STATUSES = (404, 409)
+"""HTTP statuses of an interact whose session the environment lost (a restarted controller does not know it; a
+dead worker's sessions were ended), as opposed to a request the environment refused."""
+RETRY_BACKOFF_S = (1.0, 30.0)
+"""First and largest wait before an episode the environment lost is played again (doubled per retry)."""
+
+
+class EnvironmentOutage(RuntimeError):
+    """The environment stayed unreachable for longer than ``agentrl.env.outage_timeout_s``."""
+
+
+def _lost(error: BaseException, *, interact: bool) -> bool:
+    """Whether ``error`` means the environment, not the request, failed (the episode is then played again)."""
+    if isinstance(error, EnvRequestError):
+        return interact and error.status_code in LOST_SESSION_STATUSES
+    return isinstance(error, (EnvUnavailable, asyncio.TimeoutError))
 
 
 class MalformedCallsAtDebug(logging.Filter):
@@ -99,6 +115,7 @@ class Episode:
     # Cross-policy sampling: which pool member and weight version produced each turn (agentrl_verl.core.cross_policy).
     turn_log: TurnLog = field(default_factory=TurnLog)
     env_metrics: dict[str, Any] = field(default_factory=dict)
+    lost: str | None = None  # why the environment lost this attempt (then it is played again), else None
 
     def end(self, status: SampleStatus) -> None:
         self.status = status
@@ -167,14 +184,35 @@ class AgentRLAgentLoop(AgentLoopBase):
                                                   sampling_params=sampling_params)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        episode = Episode(task=str(kwargs["data_source"]), index=_sample_index(kwargs))
-        try:
-            await self._start(episode)
-            if episode.status is SampleStatus.RUNNING:
-                await self._play(episode, sampling_params)
-        finally:
-            await self._cancel_if_running(episode)
-        return await self._output(episode, kwargs)
+        task, index = str(kwargs["data_source"]), _sample_index(kwargs)
+        lost_since, retries = None, 0
+        while True:
+            episode = Episode(task=task, index=index)
+            try:
+                await self._start(episode)
+                if episode.status is SampleStatus.RUNNING:
+                    await self._play(episode, sampling_params)
+            finally:
+                await self._cancel_if_running(episode)
+            if episode.lost is None:
+                break
+            # Not the policy's doing: the same prompt is played again once the environment answers, so that its
+            # group is trained whole. What the lost attempt generated is dropped.
+            now = time.monotonic()
+            lost_since = now if lost_since is None else lost_since
+            timeout = self.env_config.outage_timeout_s
+            if now - lost_since > timeout:
+                raise EnvironmentOutage(
+                    f"the environment at {self.env_url} lost episode {task}/{index} again and again for "
+                    f"{now - lost_since:.0f} s (agentrl.env.outage_timeout_s={timeout:g}), last: {episode.lost}; "
+                    "check the controller and its workers (list_workers), or raise the timeout")
+            retries += 1
+            wait = min(RETRY_BACKOFF_S[0] * 2 ** (retries - 1), RETRY_BACKOFF_S[1])
+            logger.warning("environment lost episode %s/%s (%s); playing it again in %.0f s (retry %d)", task, index,
+                           episode.lost, wait, retries)
+            await asyncio.sleep(wait)
+        unavailable_s = 0.0 if lost_since is None else time.monotonic() - lost_since
+        return await self._output(episode, kwargs, env_retries=retries, env_unavailable_s=unavailable_s)
 
     # ---- episode steps -----------------------------------------------------------------------------
 
@@ -184,6 +222,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             started = await self.env.start_sample(episode.task, episode.index)
         except ENV_ERRORS as e:
             logger.warning("start_sample(%s, %s) failed: %s", episode.task, episode.index, e)
+            episode.lost = str(e) if _lost(e, interact=False) else None
             episode.end(SampleStatus.TASK_ERROR)
             return
         finally:
@@ -231,6 +270,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             except ENV_ERRORS as e:
                 logger.warning("interact(%s/%s, session %s) failed: %s", episode.task, episode.index,
                                episode.session_id, e)
+                episode.lost = str(e) if _lost(e, interact=True) else None
                 return episode.end(SampleStatus.TASK_ERROR)
             finally:
                 episode.env_latency_s += time.perf_counter() - began
@@ -310,7 +350,8 @@ class AgentRLAgentLoop(AgentLoopBase):
 
     # ---- output ------------------------------------------------------------------------------------
 
-    async def _output(self, episode: Episode, kwargs: dict[str, Any]) -> AgentLoopOutput:
+    async def _output(self, episode: Episode, kwargs: dict[str, Any], *, env_retries: int = 0,
+                      env_unavailable_s: float = 0.0) -> AgentLoopOutput:
         if not episode.prompt_ids:
             # The environment never gave a prompt: render the dataset's placeholder so verl has a row.
             prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
@@ -339,6 +380,8 @@ class AgentRLAgentLoop(AgentLoopBase):
             "env_tokens": episode.env_tokens,
             "turn_global_steps": episode.turn_global_steps,
             "resumed_turns": episode.resumed_turns,
+            "env_retries": env_retries,  # attempts the environment lost before this one
+            "env_unavailable_s": env_unavailable_s,  # from the first loss to the attempt that went through
             **episode.turn_log.to_extra_fields(),
             "min_global_steps": min(versions, default=fallback_version),
             "max_global_steps": max(versions, default=fallback_version),

@@ -115,6 +115,9 @@ class EnvConfig:
         "on another node or folder) or the mapping itself")
     startup_timeout: StrictFloat = Field(300.0, gt=0,
                                          description="with `launch: ray`: seconds for the stack to come up")
+    outage_timeout_s: StrictFloat = Field(
+        900.0, gt=0, description="an episode the environment lost (unreachable, or its session gone) is played "
+        "again on the same prompt for up to this long; then the run stops with an error")
     token: StrictStr | None = Field(None, description="controller token")
     token_file: StrictStr | None = Field(None, description="file holding the controller token (read on every node; "
                                          "what `agentrl-env up` writes for `controller.token_file`)")

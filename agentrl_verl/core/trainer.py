@@ -120,7 +120,9 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
     Returns:
         ``{prefix}/{task}/{name}`` and ``{prefix}/all/{name}`` for name in ``reward``, ``success_rate``
         (status ``completed`` with a positive environment reward), ``turns``, ``generated_tokens``,
-        ``env_tokens``, ``env_latency_s``, ``episodes`` and ``status/<status>`` (counts, spaces as ``_``).
+        ``env_tokens``, ``env_latency_s`` (means), ``episodes``, ``env_retries`` (attempts the environment lost,
+        played again), ``env_unavailable_s`` (the longest an episode waited for the environment) and
+        ``status/<status>`` (counts, spaces as ``_``).
     """
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for extra in extras:
@@ -135,6 +137,9 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
             [r["status"] == "completed" and float(r.get("env_reward", 0.0)) > 0 for r in rows]))
         for name in ("reward", "turns", "generated_tokens", "env_tokens", "env_latency_s"):
             metrics[f"{base}/{name}"] = float(np.mean([float(r.get(name, 0.0)) for r in rows]))
+        # Environment losses: episodes played again on the same prompt, and the longest wait for the environment.
+        metrics[f"{base}/env_retries"] = float(sum(int(r.get("env_retries", 0)) for r in rows))
+        metrics[f"{base}/env_unavailable_s"] = float(max(float(r.get("env_unavailable_s", 0.0)) for r in rows))
         for status, count in Counter(str(r["status"]) for r in rows).items():
             metrics[f"{base}/status/{status.replace(' ', '_')}"] = float(count)
     return metrics

@@ -14,9 +14,10 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
-from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop
+from agentrl_verl.core import agent_loop
+from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop, EnvironmentOutage
 from agentrl_verl.harness.tiny_model import build_tiny_model
-from env_adapters.client import EnvUnavailable, StartedSession
+from env_adapters.client import EnvRequestError, EnvUnavailable, StartedSession
 from env_adapters.protocol import InteractResponse, SampleStatus
 from env_adapters.task import function_tool
 
@@ -75,17 +76,17 @@ class ScriptedEnv:
         self.cancelled.append(session_id)
 
 
-def _config(response_length=512, prompt_length=256, **agent):
+def _config(response_length=512, prompt_length=256, env_options=None, **agent):
     return OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length,
                                           "multi_turn": {"format": "hermes"}}},
         "data": {"apply_chat_template_kwargs": {}},
-        "agentrl": {"env": {"url": "http://unused"}, "agent": agent},
+        "agentrl": {"env": {"url": "http://unused", **(env_options or {})}, "agent": agent},
     })
 
 
-def _loop(tokenizer, server, env, **agent) -> AgentRLAgentLoop:
-    config = _config(**agent)
+def _loop(tokenizer, server, env, env_options=None, **agent) -> AgentRLAgentLoop:
+    config = _config(env_options=env_options, **agent)
     return AgentRLAgentLoop(
         trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer, processor=None,
         dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), hf_model_type="qwen2", env_client=env)
@@ -222,26 +223,42 @@ async def test_total_length_limit(tokenizer):
     assert env.cancelled == [7] and out.reward_score == pytest.approx(-0.2)
 
 
-async def test_env_crash_is_task_error_and_masked(tokenizer):
+@pytest.fixture
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(agent_loop, "RETRY_BACKOFF_S", (0.01, 0.01))
+
+
+@pytest.mark.parametrize("loss", [EnvUnavailable("interact: ServerDisconnectedError"),
+                                  EnvRequestError(404, "no session 7", "interact")])  # a restarted controller
+async def test_an_episode_the_environment_lost_is_played_again_on_the_same_prompt(tokenizer, fast_retries, loss):
+    server = ScriptedServer(tokenizer, [_call("ls"), _call("pwd"), _call("ls")])
+    done = InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0, messages=[])
+    env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")]), loss,
+                       done])
+    out = await _loop(tokenizer, server, env).run({}, **_row())
+    # The lost attempt (two turns) is dropped: the output is the second attempt's one completed turn.
+    assert env.started == [("os-std", 3), ("os-std", 3)] and env.cancelled == [7]
+    assert out.extra_fields["status"] == "completed" and out.extra_fields["turns"] == 1
+    assert out.extra_fields["env_retries"] == 1 and out.extra_fields["env_unavailable_s"] > 0
+    assert sum(out.response_mask) == len(server.outputs[-1])
+
+
+async def test_a_request_the_environment_refused_is_a_masked_task_error(tokenizer, fast_retries):
     server = ScriptedServer(tokenizer, [_call("ls"), _call("pwd")])
     env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")]),
-                       EnvUnavailable("interact: ServerDisconnectedError")])
+                       EnvRequestError(400, "malformed", "interact")])
     out = await _loop(tokenizer, server, env).run({}, **_row())
-    assert out.extra_fields["status"] == "task error"
+    assert out.extra_fields["status"] == "task error" and out.extra_fields["env_retries"] == 0
     assert out.response_mask == [0] * len(out.response_ids) and len(out.response_ids) > 0
-    assert env.cancelled == [7]
+    assert env.started == [("os-std", 3)] and env.cancelled == [7]
 
 
-async def test_unreachable_controller_gives_masked_row(tokenizer):
+async def test_an_environment_unreachable_beyond_the_timeout_stops_the_run(tokenizer, fast_retries):
     server = ScriptedServer(tokenizer, [])
     env = ScriptedEnv([], fail_start=True)
-    out = await _loop(tokenizer, server, env).run({}, **_row())
-    assert out.extra_fields["status"] == "task error" and out.extra_fields["turns"] == 0
-    assert out.response_ids == [tokenizer.eos_token_id] and out.response_mask == [0]
-    assert out.prompt_ids == tokenizer.apply_chat_template(_row()["raw_prompt"], add_generation_prompt=True,
-                                                           tokenize=True, return_dict=False)
-    assert out.extra_fields["min_global_steps"] == 3  # the weight version current at global step 4
-    assert server.prompts == [] and env.cancelled == []
+    with pytest.raises(EnvironmentOutage, match=r"os-std/3 .*agentrl.env.outage_timeout_s=0.05.*connection refused"):
+        await _loop(tokenizer, server, env, env_options={"outage_timeout_s": 0.05}).run({}, **_row())
+    assert len(env.started) > 1 and server.prompts == [] and env.cancelled == []
 
 
 def test_registered():

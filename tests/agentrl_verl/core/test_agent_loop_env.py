@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from agentrl_verl.core import agent_loop
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
@@ -128,11 +129,13 @@ async def test_os_turn_limit_cancels_session(stack, tokenizer):
     assert all(s["status"] != "running" for s in sessions.values()), sessions
 
 
-async def test_unreachable_controller_is_task_error(tokenizer):
+async def test_unreachable_controller_stops_the_run_after_the_outage_timeout(tokenizer, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     server = unit.ScriptedServer(tokenizer, [])
+    monkeypatch.setattr(agent_loop, "RETRY_BACKOFF_S", (0.01, 0.01))
     async with EnvClient(f"http://127.0.0.1:{port}", max_retries=1, backoff=0.01) as env:
-        out = await unit._loop(tokenizer, server, env).run({}, **_row("db", 0))
-    assert out.extra_fields["status"] == "task error" and out.response_mask == [0]
+        loop = unit._loop(tokenizer, server, env, env_options={"outage_timeout_s": 0.2})
+        with pytest.raises(agent_loop.EnvironmentOutage, match="db/0"):
+            await loop.run({}, **_row("db", 0))
