@@ -146,7 +146,10 @@ class Controller:
         self.workers: dict[int, WorkerEntry] = {}
         self.sessions: dict[int, SessionEntry] = {}
         self._by_address: dict[tuple[str, str], WorkerEntry] = {}
-        self._session_ids = itertools.count(1)
+        # Session ids of one controller never repeat those of an earlier one on the same address (a restart): its
+        # workers and clients may still hold the old ones. Microseconds since the epoch stay below 2**53 (exact as
+        # JSON numbers everywhere) for centuries, and no controller starts sessions a million a second.
+        self._session_ids = itertools.count(time.time_ns() // 1000)
         self._worker_ids = itertools.count(1)
         self._waiters: dict[str, deque[asyncio.Future]] = {}
         self._background: set[asyncio.Task] = set()

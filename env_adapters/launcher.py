@@ -168,9 +168,10 @@ class EnvStack:
         """Arguments every worker gets besides its entry's (where it binds)."""
         return []
 
-    def _controller_args(self, url_file: Path) -> list[str]:
+    def _controller_args(self, url_file: Path, port: int | None = None) -> list[str]:
         spec = self.config.controller
-        args = ["controller", "--host", spec.host, "--port", str(spec.port), "--url-file", str(url_file),
+        port = spec.port if port is None else port
+        args = ["controller", "--host", spec.host, "--port", str(port), "--url-file", str(url_file),
                 *(["--allow-no-token"] if spec.allow_no_token else [])]
         for key, value in (spec.model_extra or {}).items():
             args += [f"--{key.replace('_', '-')}", str(value)]
@@ -188,10 +189,10 @@ class EnvStack:
                     "the terminal" if self.inherit else self.log_dir)
         return self.url
 
-    def _start_controller(self) -> None:
+    def _start_controller(self, port: int | None = None) -> None:
         url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
         url_file.unlink(missing_ok=True)
-        self.controller = self._spawn("controller", self._controller_args(url_file))
+        self.controller = self._spawn("controller", self._controller_args(url_file, port))
         deadline = time.monotonic() + self.startup_timeout
         while not url_file.exists() or not url_file.read_text():
             if self.controller.poll() is not None:
@@ -248,6 +249,17 @@ class EnvStack:
         proc = self.workers[i][1]
         proc.kill()
         proc.wait()
+
+    def kill_controller(self) -> None:
+        """SIGKILL the controller (fault injection): it forgets every session; the workers keep heartbeating."""
+        self.controller.kill()
+        self.controller.wait()
+
+    def restart_controller(self) -> None:
+        """Start the controller again on its port after it stopped; the workers re-register by heartbeat."""
+        if self.controller.poll() is None:
+            raise RuntimeError("the controller is still running; kill it first")
+        self._start_controller(port=int(self.url.rsplit(":", 1)[1]))
 
     def restart_worker(self, i: int) -> None:
         """Start worker process ``i`` again (same command, new port) after it stopped."""

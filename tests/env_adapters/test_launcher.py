@@ -140,3 +140,21 @@ async def test_a_stack_with_a_token_file_serves_only_requests_that_carry_it(tmp_
             with pytest.raises(EnvRequestError) as refused:
                 await client.get_indices("calc")
             assert refused.value.status_code == 401
+
+
+@pytest.mark.slow
+async def test_a_controller_restarted_on_its_port_gives_new_session_ids_and_gets_its_workers_back():
+    config = {"controller": {"port": 0}, "workers": [{"task": "calc", "concurrency": 4, "heartbeat_interval": 0.2}]}
+    with EnvStack(config) as stack:
+        async with EnvClient(stack.url) as env:
+            before = await env.start_sample("calc", 0)
+        stack.kill_controller()
+        stack.restart_controller()
+        stack.wait_registered(1, timeout=30)
+        async with EnvClient(stack.url) as env:  # a new connection: the old one went with the controller
+            after = await env.start_sample("calc", 1)
+            # The worker still holds the lost session: an id of the old controller would collide with it.
+            assert after.session_id != before.session_id
+            assert (await env.interact(after.session_id, STEP)).status == "running"
+            with pytest.raises(EnvRequestError, match="404"):
+                await env.interact(before.session_id, STEP)
