@@ -23,7 +23,7 @@ since its processes talk across hosts.
 from __future__ import annotations
 
 import collections
-import ctypes
+import functools
 import logging
 import os
 import signal
@@ -36,6 +36,7 @@ from typing import Any
 
 from env_adapters.http import is_loopback
 from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError
+from env_adapters.sandbox.servers import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +50,6 @@ CALL_TIMEOUT_S = 30.0
 """How long a call to a host actor may wait before the actor counts as unreachable for that call."""
 DOCKER_RESOURCE = "docker"
 """The custom resource of nodes whose Docker daemon answers (declared by a local cluster this module starts)."""
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent (the actor's process) dies, however it dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; it follows the forking thread: actors fork on their main one
 
 
 class ProcessHost:
@@ -76,7 +71,10 @@ class ProcessHost:
         self.url_file, self._stopping, self._last = url_file, False, collections.deque(maxlen=TAIL_LINES)
         command = [a.replace(NODE_IP, self.node_ip).replace(NODE_ID, self.node_id) for a in command]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, errors="replace", preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                     # SIGTERM when the actor dies, however it dies, so its task tears down (the
+                                     # signal follows the forking thread: an actor runs on its main one).
+                                     preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
         self._reader = threading.Thread(target=self._relay_output, daemon=True)
         self._reader.start()
         threading.Thread(target=self._exit_with_process, daemon=True).start()

@@ -44,10 +44,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` of a server process: it gets SIGKILL when the thread that started it exits."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """``preexec_fn`` of a server process: it gets ``sig`` when the thread that started it exits (pass another
+    signal with ``functools.partial``)."""
     # Runs in the child after fork (after a uid switch, so the kernel keeps the setting through exec).
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def pid_alive(pid: int) -> bool:
