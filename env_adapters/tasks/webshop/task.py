@@ -66,6 +66,10 @@ for _tool in TOOLS:
 NO_TOOL_CALL = "No executable tool calls found! You should call a tool instead."
 INVALID_TOOL_CALL = "No valid tool call found from agent."
 TASK_LIMIT = "Task limit reached."
+MAX_ARGUMENT_CHARS = 1000
+"""Longest search keywords or click value a call may carry. Upstream has no bound; its queries and values are tens of
+characters, and a 3.9 MB search was held by the session and took 3.8 s to run."""
+ARGUMENT_TOO_LONG = f"The keywords or value of a call may be at most {MAX_ARGUMENT_CHARS} characters; nothing was done."
 ACTIONS = {"search_action": "search", "click_action": "click"}
 REWARD_METRICS = ("r_type", "r_att", "r_option", "r_price", "title_score", "query_match", "category_match")
 
@@ -77,10 +81,14 @@ def read_action(message: Message) -> tuple[str | None, str | None]:
     may be a JSON text (as upstream reads them) or an object.
 
     Raises:
-        ValueError: the first call cannot be read (no function name, arguments or id; arguments that are not a JSON
-            object; a search or click without an argument; text that is not valid Unicode).
+        ValueError: the first call cannot be read (``tool_calls`` not a list of calls; no function name, arguments
+            or id; arguments that are not a JSON object; a search or click without an argument; text that is not
+            valid Unicode).
     """
-    call = message["tool_calls"][0]
+    calls = message["tool_calls"]
+    if not isinstance(calls, list) or not calls:
+        raise ValueError(f"unreadable tool calls {calls!r}: not a list of calls")
+    call = calls[0]
     try:
         function, call_id = call["function"], call["id"]
         name, arguments = function["name"], function["arguments"]
@@ -141,6 +149,9 @@ class WebShopSession(SyncSession):
                 self.action, self.call_id = read_action(message)
             except ValueError:
                 messages.append({"role": "user", "content": INVALID_TOOL_CALL})
+            if self.action is not None and len(self.action.split("[", 1)[1]) - 1 > MAX_ARGUMENT_CHARS:
+                self.action = None  # refused before the shop sees it: the session keeps nothing of it
+                messages.append(_tool_message(self.call_id, ARGUMENT_TOO_LONG))
         if self.action is not None:
             self.observation, reward, done = self.env.step(self.action)
             if done:

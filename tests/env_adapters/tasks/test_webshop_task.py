@@ -228,3 +228,29 @@ def test_easy_preset_rewards_the_first_search_result():
         env.step(f"click[{env.results[0].asin}]")
         rewards.append(env.step("click[Buy Now]")[1])
     assert sum(r == 1.0 for r in rewards) / len(rewards) >= 0.95
+
+
+@pytest.mark.parametrize("tool_calls", ["search_action", {"function": {}}, 5, True, [None], [5], [{"function": "x"}]])
+def test_a_malformed_call_is_upstreams_notice_and_the_episode_goes_on(tool_calls):
+    import random
+
+    session = WebShopSession(shop_with(3), GOAL, max_rounds=6, rng=random.Random(0))
+    session.reset()
+    result = session.step({"role": "assistant", "content": "", "tool_calls": tool_calls})
+    assert result.status is SampleStatus.RUNNING
+    assert result.messages[0]["content"] == "No valid tool call found from agent."
+
+
+def test_overlong_keywords_are_refused_before_the_shop_sees_them():
+    import random
+
+    from env_adapters.tasks.webshop.task import ARGUMENT_TOO_LONG, MAX_ARGUMENT_CHARS
+
+    session = WebShopSession(shop_with(3), GOAL, max_rounds=6, rng=random.Random(0))
+    session.reset()
+    result = session.step(call("search_action", keywords="trail " * 1_000_000))
+    assert result.status is SampleStatus.RUNNING and result.messages[0]["content"] == ARGUMENT_TOO_LONG
+    assert session.env.searches == 0 and session.env.keywords is None and session.action is None
+    # At the bound it is a search as upstream's.
+    result = session.step(call("search_action", keywords="t" * MAX_ARGUMENT_CHARS))
+    assert session.env.searches == 1 and result.messages[0]["content"].startswith("Action: search[")
