@@ -39,6 +39,9 @@ TOOLS = [TOOL]
 NO_TOOL_CALL = "No executable tool calls found. Please call a tool instead"
 INVALID_TOOL_CALL = "No valid tool calls found. Please call a tool instead."
 BLEU_LIMIT = 0.01
+MAX_ACTION_CHARS = 1000
+"""What of an action's first line is read: every admissible command is far shorter. Upstream reads it whole, and
+BLEU-scored a 3.9 MB action against each command for 40 s in one step."""
 REPEAT_LIMIT = 3  # the same raw action this many times in a row ends the episode (after more than 3 steps)
 
 _SMOOTHING = SmoothingFunction().method4
@@ -68,10 +71,12 @@ def bleu(reference: str, candidate: str) -> float:
 def process_action(action: str, choices: list[str]) -> str:
     """Map the agent's action text to the command sent to the engine (upstream ``process_action``).
 
+    Only the first :data:`MAX_ACTION_CHARS` characters of the first line are read.
+
     Raises:
         AttributeError: ``action`` is not a string (upstream then reports an invalid tool call).
     """
-    action = action.strip().lower().split("\n")[0]
+    action = action.strip().lower().split("\n", 1)[0][:MAX_ACTION_CHARS]
     if not choices or action in choices:
         return action
     scores = [bleu(choice, action) for choice in choices]

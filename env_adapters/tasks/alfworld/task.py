@@ -92,7 +92,7 @@ class ALFWorldSession(SyncSession):
         self.commands = observation.admissible_commands
         content = agentbench.process_ob(observation.text) + agentbench.available_actions(self.commands)
         reply = {"role": "tool", "tool_call_id": call_id, "content": content}
-        self.recent.append(str(output))
+        self.recent.append(str(output)[:agentbench.MAX_ACTION_CHARS + 1])  # what the repeat check needs of it
         self.executed += 1
         if self.executed > agentbench.REPEAT_LIMIT and len(set(self.recent)) == 1:
             return self._result([reply], SampleStatus.AGENT_INVALID_ACTION)

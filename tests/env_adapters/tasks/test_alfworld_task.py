@@ -57,6 +57,13 @@ def test_process_action_is_upstreams():
         agentbench.process_action(3, choices)
 
 
+def test_only_the_head_of_an_overlong_action_is_read():
+    choices = ["go to cabinet 1", "open fridge 1"]
+    # What is scored and sent on is bounded (a 3.9 MB action was BLEU-scored whole against every command).
+    assert len(agentbench.process_action("dance " * 700_000, choices)) == agentbench.MAX_ACTION_CHARS
+    assert agentbench.process_action("go to cabinet 1 " + "x" * 4_000_000, choices) == "go to cabinet 1"
+
+
 async def test_reset_shows_upstreams_prompt_and_tool(easy):
     session, opening = await session_of(easy, 0)
     try:
