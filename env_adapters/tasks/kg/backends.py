@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 
 from env_adapters.http import ClientError, HTTPClient
 from env_adapters.sandbox.servers import OwnedServer, die_with_parent, free_port, stop_at_exit
+from env_adapters.task import run_blocking
 from env_adapters.tasks.kg.sexpr import FB
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,12 @@ class EmbeddedBackend(SparqlBackend):
             self.store.bulk_load(ntriples, format=pyoxigraph.RdfFormat.N_TRIPLES)
 
     async def _select(self, query: str) -> list[str]:
-        # Sub-millisecond on the task's graphs: cheaper inline than a hop to a thread.
+        # In the worker's threads (the store lets the event loop run meanwhile), never inline: most queries take
+        # well under a millisecond, but a hostile program (nine intersections, then get_relations) made one that held
+        # the loop, and with it every other session and the worker's heartbeats, for 19 s.
+        return await run_blocking(self._query, query)
+
+    def _query(self, query: str) -> list[str]:
         try:
             return [freebase_value(row[0].value) for row in self.store.query(query) if row[0] is not None]
         except (SyntaxError, OSError) as e:

@@ -84,3 +84,24 @@ async def test_unreachable_endpoint_is_a_backend_error():
     with pytest.raises(BackendError, match="unreachable"):
         await backend.select("SELECT ?x WHERE { ?x ?p ?o }")
     await backend.close()
+
+
+async def test_the_embedded_store_answers_off_the_event_loop():
+    import threading
+
+    from env_adapters.tasks.kg.backends import EmbeddedBackend
+
+    backend = EmbeddedBackend(b"<http://rdf.freebase.com/ns/m.a> <http://rdf.freebase.com/ns/r> "
+                              b"<http://rdf.freebase.com/ns/m.b> .\n")
+    seen = []
+    store = backend.store
+
+    class Recording:  # the store, noting the thread each query runs on
+        def query(self, query):
+            seen.append(threading.get_ident())
+            return store.query(query)
+
+    backend.store = Recording()
+    answer = await backend.select("SELECT ?o WHERE { ?s ?p ?o }")
+    # A long query must not hold the loop that serves every other session and the heartbeats.
+    assert answer == ["m.b"] and seen and threading.get_ident() not in seen
