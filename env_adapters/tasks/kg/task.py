@@ -120,8 +120,11 @@ class KGSession(Session):
         self.rounds += 1
         self.metrics["rounds"] = self.rounds
         calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            calls = [calls]  # a malformed list is answered as one malformed call: the episode goes on
         if not calls:
-            content = (message.get("content") or "").split("Observation:")[0].replace("\\_", "_")
+            content = message.get("content")
+            content = (content if isinstance(content, str) else "").split("Observation:")[0].replace("\\_", "_")
             answer = FINAL_ANSWER.findall(content)
             if answer:
                 return await self._finish(int(answer[0]))
@@ -139,8 +142,12 @@ class KGSession(Session):
         self.metrics["score"] = f1(predicted, gold)
         return StepResult(status=SampleStatus.COMPLETED, reward=float(predicted == gold), metrics=self.metrics)
 
-    async def _call(self, call: dict[str, Any]) -> Message:
+    async def _call(self, call: Any) -> Message:
         self.metrics["tool_calls"] += 1
+        if not isinstance(call, dict):
+            self.metrics["tool_errors"] += 1
+            content = f"Error processing tool call: a call must be an object, got {repr(call)[:200]}"
+            return {"role": "user", "content": content}
         call_id = call.get("id")
         try:
             function = call["function"]
@@ -165,8 +172,9 @@ class KGSession(Session):
             self.metrics["tool_errors"] += 1
         if call_id is None:  # upstream answers a call without an id as the user
             return {"role": "user", "content": content}
-        return {"role": "tool", "tool_call_id": call_id, "name": call.get("function", {}).get("name"),
-                "content": content}
+        function = call.get("function")
+        return {"role": "tool", "tool_call_id": call_id,
+                "name": function.get("name") if isinstance(function, dict) else None, "content": content}
 
     def _resolve(self, value: Any) -> Variable | Any:
         if isinstance(value, str) and value.startswith("#"):

@@ -174,6 +174,27 @@ async def test_upstream_messages_and_limits(files):
     await task.teardown()
 
 
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": "", "tool_calls": "get_relations"},
+    {"role": "assistant", "content": "", "tool_calls": {"function": {"name": "get_relations"}}},
+    {"role": "assistant", "content": "", "tool_calls": 5},
+    {"role": "assistant", "content": "", "tool_calls": True},
+    {"role": "assistant", "content": "", "tool_calls": [None]},
+    {"role": "assistant", "content": "", "tool_calls": [5]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": "get_relations"}]},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": ["get_relations"]}]},
+    {"role": "assistant", "content": 7},
+])
+async def test_a_malformed_call_is_answered_and_the_episode_goes_on(files, message):
+    task = KGTask(**files)
+    session, _ = await opened(task)
+    result = await session.step(message)
+    assert result.status is SampleStatus.RUNNING
+    # One of upstream's notices (a tool error, a signature mismatch, or no call at all).
+    assert result.messages[0]["content"].startswith(("Error processing tool call", "Arguments do not match", NO_CALL))
+    await task.teardown()
+
+
 def test_options_are_checked(files):
     with pytest.raises(ValueError, match="backend must be one of"):
         KGTask(backend="neo4j")
