@@ -127,7 +127,8 @@ class KGSession(Session):
             content = (content if isinstance(content, str) else "").split("Observation:")[0].replace("\\_", "_")
             answer = FINAL_ANSWER.findall(content)
             if answer:
-                return await self._finish(int(answer[0]))
+                # A number past any variable (also one beyond Python's int() digit limit) names no variable.
+                return await self._finish(int(answer[0]) if len(answer[0]) <= 9 else len(self.variables))
             replies = [{"role": "user", "content": NO_CALL}]
         else:
             replies = [await self._call(call) for call in calls]

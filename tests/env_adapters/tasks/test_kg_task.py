@@ -171,6 +171,9 @@ async def test_upstream_messages_and_limits(files):
     session, _ = await opened(task)
     bad = await session.step(say("Final Answer: #3"))
     assert bad.status is SampleStatus.AGENT_VALIDATION_FAILED and bad.reward == 0.0
+    session, _ = await opened(task)
+    bad = await session.step(say("Final Answer: #" + "9" * 5000))  # past int()'s digit limit: no variable either
+    assert bad.status is SampleStatus.AGENT_VALIDATION_FAILED and bad.reward == 0.0
     await task.teardown()
 
 
