@@ -6,7 +6,7 @@
 #     CONTROLLER_URL  the environment controller (agentrl-env up env/agentbench_fc.yaml), e.g. http://env:5020
 #     DATA_DIR        folder with train.parquet / val.parquet from prepare_data.sh
 # Multi-node: start a Ray cluster over the nodes first (ray start --head / ray start --address=...), then run this
-# on the head node. Asynchronous pipeline: add trainer.v1.trainer_mode=agentrl_async (docs/training/async.md).
+# on the head node. Synchronous steps instead of the asynchronous pipeline: add trainer.v1.trainer_mode=agentrl_sync.
 # The controller's token is read from AGENTRL_ENV_TOKEN_FILE (default ~/.agentrl/env.token, what `agentrl-env up`
 # wrote for the recipe's stack), which every node must be able to read.
 set -euo pipefail

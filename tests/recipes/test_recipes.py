@@ -18,7 +18,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 from verl.utils.config import validate_config
 
-from agentrl_verl.core.config import validate_run_config
+from agentrl_verl.core.config import ConfigError, validate_run_config
 from agentrl_verl.harness.presets import CONFIG_DIR
 from env_adapters.launcher import load_config
 from env_adapters.protocol import SampleStatus
@@ -87,6 +87,15 @@ def test_recipe_composes_with_existing_keys(size, verl_base):
     assert config.algorithm.adv_estimator == "task_norm_grpo" and config.agentrl.cross_policy.stale_ratio == 0.25
     assert config.trainer.total_training_steps == 1000
     assert config.data.max_prompt_length + config.data.max_response_length == config.agentrl.agent.max_total_tokens
+    assert config.trainer.v1.trainer_mode == "agentrl_async"  # the paper's pipeline; agentrl_sync is an override
+
+
+def test_the_recipe_on_sglang_says_at_launch_what_the_async_pipeline_needs():
+    config = _compose(RECIPE / "config", "agentrl_qwen2.5_7b", [*REQUIRED, "actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ConfigError, match=re.escape("+agentrl.async.interrupt=true")):
+        validate_run_config(config)
+    _check_run_config(_compose(RECIPE / "config", "agentrl_qwen2.5_7b",
+                               [*REQUIRED, "actor_rollout_ref.rollout.name=sglang", "+agentrl.async.interrupt=true"]))
 
 
 def test_demo_preset_composes_with_existing_keys():
