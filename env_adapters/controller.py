@@ -130,6 +130,7 @@ class SessionEntry:
     busy: bool = False
     reward: float = 0.0
     finished_at: float | None = None
+    lost: str | None = None  # why its worker went, when that ended it: the episode was not the agent's to lose
 
 
 class _WorkerGone(Exception):
@@ -278,8 +279,8 @@ class Controller:
         worker.alive = False
         for sid in list(worker.sessions):
             s = self.sessions.get(sid)
-            if s is not None:
-                self._end(s, SampleStatus.TASK_ERROR)
+            if s is not None and self._end(s, SampleStatus.TASK_ERROR):
+                s.lost = f"worker {worker.id} ({worker.address}) down: {reason}"
         worker.sessions.clear()
 
     def _pick(self, name: str) -> WorkerEntry | None:
@@ -423,8 +424,10 @@ class Controller:
 
     @staticmethod
     def _finished_answer(s: SessionEntry) -> Response:
+        # ``env_lost`` (an extension; upstream clients ignore metrics they do not know) tells a trainer that the
+        # environment, not the agent, ended the episode, so that it may play it again.
         return json_response({"finish": True, "reward": s.reward, "status": s.status.value, "messages": [],
-                              "metrics": {}})
+                              "metrics": {"env_lost": s.lost} if s.lost else {}})
 
     async def _on_interact_failure(self, s: SessionEntry, reason: str) -> None:
         """The worker did not answer: if it is gone, end all its sessions; else end this one (and cancel it)."""

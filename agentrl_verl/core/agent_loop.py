@@ -277,6 +277,8 @@ class AgentRLAgentLoop(AgentLoopBase):
             episode.messages.append(message)
             episode.env_metrics = dict(reply.metrics or {})
             if reply.finish or SampleStatus(reply.status).finished:
+                # The controller ended it because its worker went (an extension field): not the policy's doing.
+                episode.lost = (reply.metrics or {}).get("env_lost") or None
                 episode.finished = True
                 episode.env_reward = float(reply.reward)
                 return episode.end(SampleStatus(reply.status))

@@ -60,6 +60,7 @@ async def test_killed_worker_sessions_end_and_restart_is_used():
             t0 = time.monotonic()
             reply = await env.interact(a.session_id, STEP)
             assert (reply.finish, reply.status) == (True, "task error") and time.monotonic() - t0 < 3
+            assert reply.metrics["env_lost"].startswith("worker ")  # the environment's doing, not the agent's
             assert (await env.interact(b.session_id, STEP)).status == "running"
             for i in range(3):  # new sessions go to the survivor
                 s = await env.start_sample("calc", i)

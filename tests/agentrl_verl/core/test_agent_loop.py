@@ -228,8 +228,11 @@ def fast_retries(monkeypatch):
     monkeypatch.setattr(agent_loop, "RETRY_BACKOFF_S", (0.01, 0.01))
 
 
-@pytest.mark.parametrize("loss", [EnvUnavailable("interact: ServerDisconnectedError"),
-                                  EnvRequestError(404, "no session 7", "interact")])  # a restarted controller
+@pytest.mark.parametrize("loss", [
+    EnvUnavailable("interact: ServerDisconnectedError"),
+    EnvRequestError(404, "no session 7", "interact"),  # a restarted controller
+    InteractResponse(finish=True, status=SampleStatus.TASK_ERROR, metrics={"env_lost": "worker 1 down"}),
+])
 async def test_an_episode_the_environment_lost_is_played_again_on_the_same_prompt(tokenizer, fast_retries, loss):
     server = ScriptedServer(tokenizer, [_call("ls"), _call("pwd"), _call("ls")])
     done = InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0, messages=[])
@@ -237,7 +240,8 @@ async def test_an_episode_the_environment_lost_is_played_again_on_the_same_promp
                        done])
     out = await _loop(tokenizer, server, env).run({}, **_row())
     # The lost attempt (two turns) is dropped: the output is the second attempt's one completed turn.
-    assert env.started == [("os-std", 3), ("os-std", 3)] and env.cancelled == [7]
+    assert env.started == [("os-std", 3), ("os-std", 3)]
+    assert env.cancelled == ([] if isinstance(loss, InteractResponse) else [7])  # a session the env ended is not
     assert out.extra_fields["status"] == "completed" and out.extra_fields["turns"] == 1
     assert out.extra_fields["env_retries"] == 1 and out.extra_fields["env_unavailable_s"] > 0
     assert sum(out.response_mask) == len(server.outputs[-1])

@@ -1,5 +1,5 @@
-"""A training run (verl's real ``main_ppo`` on CPU) whose environment fails under it: the controller is killed with
-SIGKILL while episodes are in flight and started again on the same port a few seconds later."""
+"""A training run (verl's real ``main_ppo`` on CPU) whose environment fails under it while episodes are in flight:
+the controller killed with SIGKILL and started again on its port a few seconds later, or one of two workers killed."""
 
 from __future__ import annotations
 
@@ -26,48 +26,66 @@ def running_sessions(url: str) -> int:
         return sum(s["status"] == "running" for s in json.loads(resp.read()).values())
 
 
-def test_a_run_survives_its_controller_killed_and_restarted_on_the_same_port(start_stack, tmp_path, run_main_ppo):
-    with start_stack([WORKER]) as stack:
-        assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size",
-                                 "16", "--val-fraction", "0.25", "--seed", "0"]) == 0
-        outcome: dict = {}
+def train_through(fault, stack, workdir, run_main_ppo, name: str) -> dict[int, dict]:
+    """Two steps of ``main_ppo`` on ``stack``; ``fault()`` runs once sessions are in flight. Returns the metrics,
+    after checking that every group was trained whole: the lost episodes were played again on their prompts, none
+    trained as an error."""
+    assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir), "--train-size", "16",
+                             "--val-fraction", "0.25", "--seed", "0"]) == 0
+    outcome: dict = {}
 
-        def train() -> None:
-            try:
-                outcome["steps"] = run_main_ppo(
-                    tmp_path, build_tiny_model(), "controller_outage",
-                    "trainer.total_training_steps=2",
-                    "trainer.test_freq=-1",  # no validation: the sessions caught in flight are training's
-                    "trainer.val_before_train=false",
-                    "algorithm.adv_estimator=task_norm_grpo",
-                    "trainer.v1.trainer_mode=agentrl_sync",
-                    f"+agentrl.env.url={stack.url}",
-                    "+agentrl.agent.max_turns=3",
-                    "+agentrl.agent.max_new_tokens=24",
-                    "+agentrl.agent.max_total_tokens=400",
-                    "data.max_prompt_length=160",
-                    "data.max_response_length=160",
-                )[1]
-            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
-                outcome["error"] = e
-
-        run = threading.Thread(target=train)
-        run.start()
+    def train() -> None:
         try:
-            while run.is_alive() and running_sessions(stack.url) == 0:
-                time.sleep(0.1)
-            assert run.is_alive(), outcome.get("error")
-            stack.kill_controller()  # the episodes in flight lose their sessions
-            time.sleep(OUTAGE_S)
-            stack.restart_controller()
-        finally:
-            run.join()
+            outcome["steps"] = run_main_ppo(
+                workdir, build_tiny_model(), name,
+                "trainer.total_training_steps=2",
+                "trainer.test_freq=-1",  # no validation: the sessions caught in flight are training's
+                "trainer.val_before_train=false",
+                "algorithm.adv_estimator=task_norm_grpo",
+                "trainer.v1.trainer_mode=agentrl_sync",
+                f"+agentrl.env.url={stack.url}",
+                "+agentrl.agent.max_turns=3",
+                "+agentrl.agent.max_new_tokens=24",
+                "+agentrl.agent.max_total_tokens=400",
+                "data.max_prompt_length=160",
+                "data.max_response_length=160",
+            )[1]
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = e
+
+    run = threading.Thread(target=train)
+    run.start()
+    try:
+        while run.is_alive() and running_sessions(stack.url) == 0:
+            time.sleep(0.1)
+        assert run.is_alive(), outcome.get("error")
+        fault()
+    finally:
+        run.join()
     if "error" in outcome:
         raise outcome["error"]
     steps = outcome["steps"]
     assert sorted(steps) == [1, 2]
     for step, m in steps.items():
-        # Every group trained whole: the lost episodes were played again on their prompts, none trained as an error.
         assert m["agentrl/all/episodes"] == 8 and m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
+    return steps
+
+
+def test_a_run_survives_its_controller_killed_and_restarted_on_the_same_port(start_stack, tmp_path, run_main_ppo):
+    def outage() -> None:
+        stack.kill_controller()  # the episodes in flight lose their sessions
+        time.sleep(OUTAGE_S)
+        stack.restart_controller()
+
+    with start_stack([WORKER]) as stack:
+        steps = train_through(outage, stack, tmp_path, run_main_ppo, "controller_outage")
     assert steps[1]["agentrl/chatter/env_retries"] > 0, steps[1]
     assert steps[1]["agentrl/chatter/env_unavailable_s"] > 0, steps[1]
+
+
+def test_a_run_survives_a_worker_killed_mid_episode(start_stack, tmp_path, run_main_ppo):
+    # Two replicas: the killed one's sessions end at the controller, their episodes go to the other.
+    with start_stack([{**WORKER, "replicas": 2}]) as stack:
+        steps = train_through(lambda: stack.kill_worker(0), stack, tmp_path, run_main_ppo, "worker_killed")
+        assert stack.alive_workers() == 1
+    assert steps[1]["agentrl/chatter/env_retries"] > 0, steps[1]
