@@ -36,6 +36,7 @@ from typing import Any
 
 from env_adapters.http import is_loopback
 from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError
+from env_adapters.sandbox.containers import docker_available
 from env_adapters.sandbox.servers import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class RayEnvStack(EnvStack):
 
         if not ray.is_initialized():
             local = self.address is None and not os.environ.get("RAY_ADDRESS")
-            resources = {DOCKER_RESOURCE: 1024} if local and _docker_answers() else None
+            resources = {DOCKER_RESOURCE: 1024} if local and docker_available() else None
             ray.init(address=self.address, resources=resources, namespace="agentrl_env")
             self._own_ray = True
         nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -227,8 +228,8 @@ class RayEnvStack(EnvStack):
             raise
         return super().start()
 
-    def _host(self, label: str, command: list[str], placement: RayPlacement | None, url_file: str | None = None,
-              ) -> RayProcess:
+    def _spawn(self, label: str, args: list[str], placement: RayPlacement | None = None,
+               url_file: str | None = None) -> RayProcess:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -241,11 +242,8 @@ class RayEnvStack(EnvStack):
             if placement.memory is not None:
                 options["memory"] = placement.memory
         actor = ray.remote(ProcessHost).options(name=f"{label}-{os.getpid()}-{id(self)}", **options).remote(
-            [*self.command, *command], url_file)
+            [*self.command, *args], url_file)
         return RayProcess(actor)
-
-    def _spawn(self, label: str, args: list[str], placement: RayPlacement | None = None) -> RayProcess:
-        return self._host(label, args, placement)
 
     def _worker_args(self) -> list[str]:
         return ["--host", self._bind, "--node", NODE_ID]
@@ -260,7 +258,7 @@ class RayEnvStack(EnvStack):
     def _start_controller(self) -> None:
         spec = self.config.controller
         url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
-        self.controller = self._host("controller", self._controller_args(url_file), None, str(url_file))
+        self.controller = self._spawn("controller", self._controller_args(url_file), url_file=str(url_file))
         try:
             self.url = self.controller.call("url", self.startup_timeout, timeout=self.startup_timeout + CALL_TIMEOUT_S)
         except StackStartError:
@@ -294,13 +292,3 @@ class RayEnvStack(EnvStack):
             ray.shutdown()
             self._own_ray = False
 
-
-def _docker_answers() -> bool:
-    """Whether this machine's Docker daemon answers a ping."""
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means no usable daemon
-        return False

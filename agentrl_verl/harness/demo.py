@@ -59,6 +59,7 @@ from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, def
 from agentrl_verl.harness.warmup_cache import cached_warmup
 from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
+from env_adapters.sandbox.containers import docker_available
 
 logger = logging.getLogger(__name__)
 
@@ -180,18 +181,6 @@ def load_demo_config(path: str | os.PathLike | None = None, overrides: list[str]
 # ---- the environment ----------------------------------------------------------------------------------
 
 
-def docker_available() -> bool:
-    """Whether a Docker daemon answers (the ``os`` task needs one)."""
-    try:
-        import docker
-
-        client = docker.from_env()
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:  # no SDK, no socket, no permission: all mean "no Docker here"
-        return False
 
 
 def stack_config(tasks: list[TaskSpec]) -> dict[str, Any]:

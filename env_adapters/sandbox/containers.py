@@ -112,6 +112,18 @@ class Lease:
     ready: Any = None
 
 
+def docker_available() -> bool:
+    """Whether a Docker daemon answers (the ``os`` task needs one)."""
+    try:
+        client = docker.from_env()
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - no socket, no permission, no daemon: all mean "no Docker here"
+        return False
+
+
 class ContainerPool:
     """Starts, hands out and removes the containers of one process, keeping ``size`` idle ones per image.
 

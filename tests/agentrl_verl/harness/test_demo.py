@@ -21,7 +21,6 @@ from agentrl_verl.harness.cold_start import WarmupResult
 from agentrl_verl.harness.demo import (
     DemoProgress,
     RLStopped,
-    docker_available,
     format_progress,
     headline,
     load_demo_config,
@@ -38,6 +37,7 @@ from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.warmup_cache import cache_key
 from agentrl_verl.tools.compare import paired_gain, sign_test_p
 from agentrl_verl.tools.evaluate import EvalResult
+from env_adapters.sandbox.containers import docker_available
 
 DEMO_RUN = Path(CONFIG_DIR) / "demo_run.yaml"
 MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
