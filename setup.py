@@ -11,8 +11,7 @@ ENV_REQUIRES = [
     "docker>=7",
     "pymysql>=1.1",
     "pyoxigraph>=0.5",  # embedded SPARQL store of the kg task
-    "bm25s>=0.3.16",  # webshop: embedded BM25 search
-    "PyStemmer>=3.1",  # webshop: Porter stemming, as Lucene's English analyzer
+    "nltk>=3.8",  # webshop: Lucene's Porter stemmer (MARTIN_EXTENSIONS); alfworld: upstream's BLEU action matching
     "thefuzz>=0.22",  # webshop: upstream's fuzzy attribute/option matching
 ]
 TRAIN_REQUIRES = [
@@ -29,8 +28,8 @@ TRAIN_REQUIRES = [
     "matplotlib",
 ]
 # The `alfworld` task: ALFWorld's TextWorld engine (builds Fast Downward from source, a few minutes; no THOR/torch
-# pieces) and nltk for upstream's BLEU action matching.
-ALFWORLD_REQUIRES = ["alfworld==0.4.2", "nltk>=3.8"]
+# pieces).
+ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
 

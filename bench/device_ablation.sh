@@ -6,7 +6,7 @@
 # model (the same warm-up with warmup.seed 1), both brought back in $OUT/warmup.tgz. FIXED=DIR: the fixed_pool arm's
 # model (--fixed-model); with MODEL and no FIXED the bench builds its default itself, on the bench's 2 threads.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-#                     and cp312 wheels of pyoxigraph (kg), bm25s, PyStemmer, thefuzz and rapidfuzz (webshop) in a
+#                     and cp312 wheels of pyoxigraph (kg), nltk, thefuzz and rapidfuzz (webshop) in a
 #                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 #                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
 #                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle; the

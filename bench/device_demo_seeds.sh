@@ -6,7 +6,7 @@
 #   lr1e-4 --seeds 4 5 6 7 8 9 --parallel 6 --pin --set rl.overrides.5=actor_rollout_ref.actor.optim.lr=1.0e-4 ---
 #   steps26 --seeds 0 1 2 3 4 5 --parallel 6 --pin --set rl.steps=26 --set rl.overrides.5=...
 # Prepare once here:  the bundle (see bench/device_env.sh) and WHEELS=FILE.tar.xz, the unpacked cp312 wheels of the
-#                     multi-task families: pyoxigraph (kg); bm25s, PyStemmer, thefuzz, rapidfuzz (webshop); textworld,
+#                     multi-task families: pyoxigraph (kg); nltk, thefuzz, rapidfuzz (webshop); textworld,
 #                     alfworld, fast_downward (its libdownward.so stripped of debug info: 33 MB -> 1.3 MB; textworld's
 #                     inform7 folder left out, the PDDL games do not use it), jericho, tatsu, mementos, hashids, nltk,
 #                     regex, networkx, prompt_toolkit, wcwidth, termcolor and defusedxml (alfworld); 13 MB with xz.
