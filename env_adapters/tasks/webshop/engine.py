@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Any
 
 from env_adapters.tasks.webshop.catalogue import Catalogue, Goal, Product
-from env_adapters.tasks.webshop.reward import get_reward
+from env_adapters.tasks.webshop.reward import TitleNouns, get_reward
 from env_adapters.tasks.webshop.search import SearchEngine
 
 SEARCH_RETURN_N = 50
@@ -60,10 +60,11 @@ def parse_action(action: str) -> tuple[str, str | None]:
 
 
 class Shop:
-    """A catalogue and its search index: built once, shared (read-only) by every session of a worker."""
+    """A catalogue, its search index and the reward's title-noun tagger: built once, shared (read-only) by every
+    session of a worker."""
 
-    def __init__(self, catalogue: Catalogue) -> None:
-        self.catalogue = catalogue
+    def __init__(self, catalogue: Catalogue, nouns: TitleNouns | None = None) -> None:
+        self.catalogue, self.nouns = catalogue, nouns or TitleNouns("rule")
         self.engine = SearchEngine(catalogue.products)
         self._by_attribute: dict[str, list[Product]] | None = None
 
@@ -225,7 +226,7 @@ class WebShopEnv:
         if value == END_BUTTON.lower():
             self.page = Page.DONE
             self.reward, self.reward_info = get_reward(self.product, self.goal, self.shop.catalogue.prices[self.asin],
-                                                       self.options)
+                                                       self.options, self.shop.nouns)
         elif value == BACK_TO_SEARCH.lower():
             self.page, self.keywords, self.page_number, self.asin, self.options = Page.SEARCH, None, 1, None, {}
         elif value == NEXT_PAGE.lower() and page is Page.RESULTS:

@@ -49,7 +49,7 @@ def _satisfies(task: Task, goal: Goal, asin: str) -> bool:
     """Whether buying ``asin`` with the goal's option values earns reward 1."""
     product = task.shop.catalogue.by_asin[asin]
     options = {name: o for o in goal.goal_options for name, values in product.options.items() if o in values}
-    return get_reward(product, goal, task.shop.catalogue.prices[asin], options)[0] >= 1.0
+    return get_reward(product, goal, task.shop.catalogue.prices[asin], options, task.shop.nouns)[0] >= 1.0
 
 
 def expert(task: Task, index: Index, messages: list[Message]) -> Message:

@@ -9,17 +9,20 @@
 - type ``r_type``: 1.0, lowered to 0.5 when neither the scrape query matches, nor two levels of the product
   category, nor more than 20% of the goal title's nouns; 0.1 below 10% of the nouns; 0.0 with none.
 
-The one difference from upstream is how title nouns are found: upstream tags them with spaCy's large English model
-(``NOUN``/``PROPN``), which cannot be installed here (no model hub). :func:`title_nouns` approximates it by rule:
-the title's words of two or more letters (split on anything else; ``'s`` dropped) minus closed-class words
-(determiners, pronouns, prepositions, conjunctions, auxiliaries) and a list of common adjectives. On the generated
-catalogue this is what a tagger gives for its titles (brands, product nouns, materials); on real titles it counts
-some adjectives and verbs as nouns, so ``title_score`` (and through it ``r_type``) can differ from upstream's there.
+Title nouns are what upstream's spaCy tagger marks ``NOUN``/``PROPN`` in a title, with AgentBench's model
+(``en_core_web_lg``; upstream WebShop's own is ``en_core_web_sm``) where one is installed (:class:`TitleNouns`).
+spaCy's English models are not on the package index, so where none is installed a rule stands in
+(:func:`rule_nouns`): the title's words of two or more letters (split on anything else; ``'s`` dropped) minus
+closed-class words (determiners, pronouns, prepositions, conjunctions, auxiliaries) and a list of common
+adjectives. It is a weak stand-in (spaCy tags words such as "free" or "wireless" as nouns in titles where the rule
+drops them), so ``title_score`` (and through it ``r_type``) can differ from upstream's. The metric ``nouns_by_spacy`` says which one scored a purchase.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from thefuzz import fuzz
@@ -27,6 +30,10 @@ from thefuzz import fuzz
 from env_adapters.tasks.webshop.catalogue import Goal, Product
 
 MATCH_THRESHOLD = 85
+SPACY_MODELS = ("en_core_web_lg", "en_core_web_sm")  # AgentBench's WebShop loads the first, upstream's the second
+NOUN_TAGS = ("PNOUN", "NOUN", "PROPN")  # upstream's test (``PNOUN`` is no spaCy tag; kept as upstream has it)
+
+log = logging.getLogger(__name__)
 
 # upstream web_agent_site/engine/normalize.py: the first of these contained in an option value replaces it.
 COLOR_SET = (
@@ -74,19 +81,63 @@ def normalize_color(value: str) -> str:
     return value
 
 
-def title_nouns(title: str) -> list[str]:
+def rule_nouns(title: str) -> list[str]:
     """Approximation of the nouns and proper nouns spaCy would tag in ``title`` (lower case, in order)."""
     words = _WORD.findall(_POSSESSIVE.sub(" ", title.lower()))
     return [w for w in words if w not in _CLOSED_CLASS and w not in _ADJECTIVES]
 
 
-def type_reward(product: Product, goal: Goal) -> dict[str, Any]:
-    """``r_type`` and what it is made of (upstream's ``get_type_reward``)."""
+class TitleNouns:
+    """The nouns of a title as upstream finds them (lower case, in order).
+
+    Args:
+        model: ``auto``: the first installed of :data:`SPACY_MODELS`, else :func:`rule_nouns` (logged at start);
+            ``rule``: :func:`rule_nouns`; else the name or path of a spaCy pipeline that must load.
+
+    Raises:
+        ValueError: ``model`` names a spaCy pipeline that does not load (the message says how to install one).
+    """
+
+    def __init__(self, model: str = "auto") -> None:
+        self.model, self._nlp = "rule", None
+        if model == "rule":
+            return
+        try:
+            import spacy
+        except ImportError as e:
+            if model != "auto":
+                raise ValueError(f"webshop: title_nouns {model!r} needs spaCy (pip install spacy)") from e
+            spacy = None
+        for name in SPACY_MODELS if model == "auto" else (model,):
+            try:
+                self._nlp = spacy.load(name, disable=["parser", "ner", "lemmatizer"]) if spacy else None
+            except OSError as e:
+                if model != "auto":
+                    raise ValueError(f"webshop: title_nouns: spaCy pipeline {model!r} does not load ({e}); install it "
+                                     f"(python -m spacy download {model}) or use title_nouns: auto | rule") from e
+                continue
+            self.model = str(name)
+            break
+        if self._nlp is None:
+            log.warning("webshop: no spaCy English model installed (%s): title nouns for r_type come from a rule, "
+                        "which can differ from upstream's on real titles; install %s for upstream's",
+                        ", ".join(SPACY_MODELS), SPACY_MODELS[0])
+        else:
+            log.info("webshop: title nouns from spaCy pipeline %s", self.model)
+
+    def __call__(self, title: str) -> list[str]:
+        if self._nlp is None:
+            return rule_nouns(title)
+        return [t.text.lower() for t in self._nlp(title) if t.pos_ in NOUN_TAGS]
+
+
+def type_reward(product: Product, goal: Goal, nouns: Callable[[str], list[str]] = rule_nouns) -> dict[str, Any]:
+    """``r_type`` and what it is made of (upstream's ``get_type_reward``), with ``nouns`` finding title nouns."""
     query_match = product.query == goal.query
     purchased_category = {x.strip() for x in product.product_category.split("›")}
     goal_category = {x.strip() for x in goal.product_category.split("›")}
     category_match = len(purchased_category & goal_category) >= 2
-    purchased_nouns, desired_nouns = set(title_nouns(product.name)), title_nouns(goal.name)
+    purchased_nouns, desired_nouns = set(nouns(product.name)), nouns(goal.name)
     if not desired_nouns:
         title_score = 0.2
     else:
@@ -99,7 +150,7 @@ def type_reward(product: Product, goal: Goal) -> dict[str, Any]:
     if title_score == 0.0:
         r_type = 0.0
     return {"r_type": r_type, "query_match": query_match, "category_match": category_match,
-            "title_score": title_score}
+            "title_score": title_score, "nouns_by_spacy": getattr(nouns, "model", "rule") != "rule"}
 
 
 def attribute_matches(product: Product, goal: Goal) -> int:
@@ -125,13 +176,15 @@ def option_matches(chosen: list[str], goal_options: list[str]) -> int:
     return matches
 
 
-def get_reward(product: Product, goal: Goal, price: float, options: dict[str, str]) -> tuple[float, dict[str, Any]]:
+def get_reward(product: Product, goal: Goal, price: float, options: dict[str, str],
+               nouns: Callable[[str], list[str]] = rule_nouns) -> tuple[float, dict[str, Any]]:
     """Reward (0-1) of buying ``product`` at ``price`` with the chosen ``options``, and its parts.
 
     The parts are upstream's verbose info: ``r_type``, ``r_att``, ``w_att``, ``query_match``, ``category_match``,
-    ``title_score``, ``r_option``/``w_option`` (when the goal has options), ``r_price``/``w_price``.
+    ``title_score``, ``r_option``/``w_option`` (when the goal has options), ``r_price``/``w_price``; and
+    ``nouns_by_spacy``, whether ``nouns`` (a :class:`TitleNouns`, else the rule) tagged with spaCy.
     """
-    type_info = type_reward(product, goal)
+    type_info = type_reward(product, goal, nouns)
     # Upstream skips the price term for a non-positive bound; bounds are a price or 1e6 here, always positive.
     r_price = price <= goal.price_upper
     n_attrs = attribute_matches(product, goal)

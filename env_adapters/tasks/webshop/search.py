@@ -18,7 +18,7 @@ ranking, which is why it is written here instead of using a BM25 library (none s
 - ranking by score, ties by document id (the ASIN) ascending (Anserini's ``BREAK_SCORE_TIES_BY_DOCID``); only
   documents that contain a query term are returned.
 
-``bench/webshop_upstream_search.py`` compares the results with pyserini's on recorded queries; what still differs is
+``bench/webshop_upstream.py`` compares the results with pyserini's on recorded queries; what still differs is
 in ``docs/environments/webshop.md``.
 """
 

@@ -33,6 +33,7 @@ from env_adapters.task import StepResult, SyncSession, Task, TaskError, function
 from env_adapters.tasks.webshop.catalogue import Catalogue, Goal
 from env_adapters.tasks.webshop.engine import PRODUCT_WINDOW, Page, Shop, WebShopEnv
 from env_adapters.tasks.webshop.generator import PRESETS, GeneratorConfig, generate_catalogue, preset
+from env_adapters.tasks.webshop.reward import TitleNouns
 
 SYSTEM_PROMPT = """
 You are web shopping.
@@ -71,7 +72,8 @@ MAX_ARGUMENT_CHARS = 1000
 characters, and a 3.9 MB search was held by the session and took 3.8 s to run."""
 ARGUMENT_TOO_LONG = f"The keywords or value of a call may be at most {MAX_ARGUMENT_CHARS} characters; nothing was done."
 ACTIONS = {"search_action": "search", "click_action": "click"}
-REWARD_METRICS = ("r_type", "r_att", "r_option", "r_price", "title_score", "query_match", "category_match")
+REWARD_METRICS = ("r_type", "r_att", "r_option", "r_price", "title_score", "query_match", "category_match",
+                  "nouns_by_spacy")
 
 
 def read_action(message: Message) -> tuple[str | None, str | None]:
@@ -180,11 +182,15 @@ class WebShopTask(Task):
         max_rounds: Assistant messages per episode (upstream's ``round``: 20).
         prompt: ``upstream`` (upstream's system prompt) or ``short`` (one line, for tiny models).
         page_size: Products per results page (upstream: 10; fewer make shorter episodes).
+        title_nouns: How the reward finds title nouns: ``auto`` (spaCy's ``en_core_web_lg`` or ``en_core_web_sm``
+            where installed, as upstream, else a rule; the metric ``nouns_by_spacy`` says which), ``rule``, or a
+            spaCy pipeline's name or path.
     """
 
     def __init__(self, catalogue: str = "generated", preset: str = "standard", generator: dict[str, Any] | None = None,
                  seed: int = 0, num_products: int | None = None, start: int = 0, end: int | None = None,
-                 max_rounds: int = 20, prompt: str = "upstream", page_size: int = PRODUCT_WINDOW) -> None:
+                 max_rounds: int = 20, prompt: str = "upstream", page_size: int = PRODUCT_WINDOW,
+                 title_nouns: str = "auto") -> None:
         if max_rounds < 1 or page_size < 1:
             raise ValueError(f"webshop task: max_rounds and page_size must be >= 1, got {max_rounds} and {page_size}")
         if prompt not in PROMPTS:
@@ -211,7 +217,7 @@ class WebShopTask(Task):
             raise ValueError(f"webshop task: need 0 <= start < end <= {len(loaded.goals)} (goals in the catalogue), "
                              f"got start={start}, end={end}")
         self.start, self.end = start, end
-        self.shop = Shop(loaded)
+        self.shop = Shop(loaded, TitleNouns(title_nouns))
         self._sessions_started = 0
 
     def indices(self) -> list[Index]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 from thefuzz import fuzz
 
 from env_adapters.tasks.webshop.catalogue import Goal, Product
-from env_adapters.tasks.webshop.reward import get_reward, normalize_color, title_nouns
+from env_adapters.tasks.webshop.reward import MATCH_THRESHOLD, TitleNouns, get_reward, normalize_color, rule_nouns
 from env_adapters.tasks.webshop.vocabulary import CATEGORIES
 
 GOAL = Goal(asin="B0GOAL0001", category="beauty", query="shampoo", name="Zorva Sulfate Free Shampoo",
@@ -76,12 +78,12 @@ def test_goal_without_options_and_title_without_nouns():
     assert reward == 1.0 and "r_option" not in info and info["title_score"] == 0.2  # upstream's default share
 
 
-def test_normalize_color_and_title_nouns():
+def test_normalize_color_and_rule_nouns():
     assert normalize_color("natural black") == "black"  # first of upstream's list contained in the value
     assert normalize_color("dark navy") == "dark" and normalize_color("12 fl oz") == "12 fl oz"
-    assert title_nouns("Woman Within Women's Plus Size Petite Flared Denim Skirt, 2-Pack") == [
+    assert rule_nouns("Woman Within Women's Plus Size Petite Flared Denim Skirt, 2-Pack") == [
         "woman", "women", "plus", "size", "petite", "flared", "denim", "skirt", "pack"]
-    assert title_nouns("The New Black and White Mug for Men") == ["mug", "men"]
+    assert rule_nouns("The New Black and White Mug for Men") == ["mug", "men"]
 
 
 @pytest.mark.parametrize("category", sorted(CATEGORIES))
@@ -93,3 +95,42 @@ def test_generated_vocabulary_is_separable_by_the_reward(category):
         values = [normalize_color(v) for vs in kind.options.values() for v in vs]
         for a, b in itertools.combinations(values, 2):
             assert fuzz.token_set_ratio(a, b) <= 85, (kind.query, a, b)
+
+
+def test_fuzzy_match_decisions_agree_with_the_thefuzz_upstream_pins():
+    # thefuzz 0.19.0 (difflib; AgentBench pins it) decided every ordered pair of the recorded strings of a kind
+    # (``python -m bench.webshop_upstream record-fuzz``); 0.22's scores differ on some pairs, its decisions must not.
+    recorded = json.loads((Path(__file__).parent / "data" / "webshop_thefuzz019.json").read_text())
+    pairs = [(a, b) for kind in recorded["kinds"] for a in kind for b in kind if a != b]
+    upstream = [bit == "1" for bit in bin(int(recorded["decisions"], 16))[3:]]
+    assert len(pairs) == len(upstream) > 50_000 and 50 < sum(upstream) < len(pairs)
+    ours = [fuzz.token_set_ratio(a, b) > MATCH_THRESHOLD for a, b in pairs]
+    assert [pair for pair, a, b in zip(pairs, ours, upstream, strict=True) if a != b] == []
+
+
+def test_title_nouns_come_from_a_spacy_pipeline_where_one_loads(tmp_path):
+    spacy = pytest.importorskip("spacy")
+    # A real spaCy pipeline on disk whose tagger is rules: "floor" and "lamp" nouns, "Lumo" a proper noun.
+    nlp = spacy.blank("en")
+    ruler = nlp.add_pipe("attribute_ruler")
+    for word, pos in (("floor", "NOUN"), ("lamp", "NOUN"), ("Lumo", "PROPN"), ("plant", "NOUN")):
+        ruler.add([[{"ORTH": word}]], {"POS": pos})
+    nlp.to_disk(tmp_path / "tagger")
+    nouns = TitleNouns(str(tmp_path / "tagger"))
+    assert nouns.model == str(tmp_path / "tagger")
+    assert nouns("Lumo Free Standing floor lamp") == ["lumo", "floor", "lamp"]
+    # "free" and "standing" are no nouns for this tagger; the rule keeps "standing". The reward says which scored.
+    assert rule_nouns("Lumo Free Standing floor lamp") == ["lumo", "standing", "floor", "lamp"]
+    goal = dataclasses.replace(GOAL, name="Lumo floor lamp")
+    _, info = get_reward(product(name="Lumo Standing plant"), goal, 20.0, OPTIONS, nouns)
+    assert info["nouns_by_spacy"] is True and info["title_score"] == pytest.approx(1 / 3)
+    assert get_reward(product(), GOAL, 20.0, OPTIONS)[1]["nouns_by_spacy"] is False
+
+
+def test_title_nouns_name_a_pipeline_that_does_not_load(caplog):
+    with pytest.raises(ValueError, match="en_core_web_xx.*spacy download en_core_web_xx"):
+        TitleNouns("en_core_web_xx")
+    assert TitleNouns("rule").model == "rule"
+    auto = TitleNouns("auto")  # no English model is installed here: the rule, said once in the log
+    assert auto.model in ("rule", "en_core_web_lg", "en_core_web_sm")
+    assert auto.model != "rule" or "title nouns for r_type come from a rule" in caplog.text

@@ -1,4 +1,4 @@
-"""WebShop search ranks as upstream's pyserini does: recorded results (``bench/webshop_upstream_search.py record``)
+"""WebShop search ranks as upstream's pyserini does: recorded results (``bench/webshop_upstream.py record``)
 and the analyzer's and length encoding's rules."""
 
 from __future__ import annotations
