@@ -15,7 +15,8 @@ spaCy's English models are not on the package index, so where none is installed 
 (:func:`rule_nouns`): the title's words of two or more letters (split on anything else; ``'s`` dropped) minus
 closed-class words (determiners, pronouns, prepositions, conjunctions, auxiliaries) and a list of common
 adjectives. It is a weak stand-in (spaCy tags words such as "free" or "wireless" as nouns in titles where the rule
-drops them), so ``title_score`` (and through it ``r_type``) can differ from upstream's. The metric ``nouns_by_spacy`` says which one scored a purchase.
+drops them), so ``title_score`` (and through it ``r_type``) can differ from upstream's. The metric
+``nouns_by_spacy`` says which one scored a purchase.
 """
 
 from __future__ import annotations

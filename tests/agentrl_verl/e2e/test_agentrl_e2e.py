@@ -74,7 +74,9 @@ def test_two_tasks_train_with_task_normalised_advantages_on_a_stack_the_run_star
     url = re.search(r"environment stack of \S+ up at (http://[\d.]+:\d+) for this run \(2 workers\)", log).group(1)
     with pytest.raises(OSError):  # the run's controller went with the run
         urllib.request.urlopen(f"{url}/api/list_workers", timeout=5)
+    # The run's own stack processes (its workers name its controller's port): others' may run beside this test.
+    port = f":{url.rsplit(':', 1)[1]}"
     stack_processes = [p for p in psutil.process_iter(["cmdline"])
-                       if "env_adapters.cli" in (cmdline := p.info["cmdline"] or []) and "--node" in cmdline]
+                       if "env_adapters.cli" in (cmdline := p.info["cmdline"] or []) and port in " ".join(cmdline)]
     assert stack_processes == []
 
