@@ -79,6 +79,9 @@ def process_action(action: str, choices: list[str]) -> str:
     action = action.strip().lower().split("\n", 1)[0][:MAX_ACTION_CHARS]
     if not choices or action in choices:
         return action
-    scores = [bleu(choice, action) for choice in choices]
+    try:  # upstream keeps the action as it is on any failure of the scoring
+        scores = [bleu(choice, action) for choice in choices]
+    except Exception:  # noqa: BLE001 - upstream's bare except
+        return action
     best = max(range(len(choices)), key=scores.__getitem__)  # first of equal maxima, as numpy's argmax
     return choices[best] if scores[best] > BLEU_LIMIT else action

@@ -5,8 +5,8 @@ message with the room, the goal and the admissible commands; one tool ``take_act
 message (a *round*, at most ``max_step``):
 
 - no tool call: a user message asks for one and the status becomes ``agent validation failed``;
-- a call whose arguments cannot be read (not JSON, no value, a value that is not text): a user message says so and
-  the status becomes ``agent invalid action``;
+- a call whose arguments cannot be read (not a JSON string, as an object is not either; no value; a value that is
+  not text): a user message says so and the status becomes ``agent invalid action``;
 - otherwise the first argument of the first call goes through upstream's ``process_action`` to the engine, whose
   observation (an invalid command gets "Nothing happens.") and the new admissible commands come back as the tool's
   reply. The same raw action three times in a row (after more than three rounds) ends the episode as ``agent
@@ -82,7 +82,7 @@ class ALFWorldSession(SyncSession):
         try:  # upstream reads the first call this way; any failure is the agent's invalid call
             call = tool_calls[0]
             arguments = call["function"]["arguments"]
-            output = list((json.loads(arguments) if isinstance(arguments, str) else arguments).values())[0]
+            output = list(json.loads(arguments).values())[0]  # arguments as an object: a TypeError, as upstream
             call_id = call["id"]
             action = agentbench.process_action(output, self.commands)
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):

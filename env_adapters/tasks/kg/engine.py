@@ -29,6 +29,10 @@ PARAM_ORDER = {
     "argmin": ("variable", "attribute"),
     "count": ("variable",),
 }
+# What else upstream's tool dispatch finds on its ``API`` object (``getattr(api, name)``): a call naming one of these
+# gets "Arguments do not match the function signature" there (no TOOLS_PARAM_ORDER entry), not "invalid function".
+UPSTREAM_API_ATTRIBUTES = frozenset({"final_execute", "union", "sparql_executor", "task_id", "__dict__", "__module__",
+                                     "__weakref__", *dir(object)})
 
 
 class ToolError(ValueError):
@@ -98,23 +102,21 @@ class KGEngine:
             f"Observation: variable ##, which are instances of {kind}"
 
     async def intersection(self, variable1: Variable | str, variable2: Variable | str) -> Observation:
-        if not isinstance(variable1, Variable) or not isinstance(variable2, Variable):
-            raise ToolError("intersection: variable must be a variable")
+        _need_variable(variable1, "type")  # upstream compares the types first
+        _need_variable(variable2, "type")
         if variable1.type != variable2.type:
             raise ToolError("intersection: two variables must have the same type")
         return Variable(variable1.type, f"(AND {variable1.program} {variable2.program})"), \
             f"Observation: variable ##, which are instances of {variable1.type}"
 
     async def get_attributes(self, variable: Variable | str) -> Observation:
-        if not isinstance(variable, Variable):
-            raise ToolError("get_attributes: variable must be a variable")
+        _need_variable(variable, "program", hashed=True)
         if variable not in self._attributes:
             self._attributes[variable] = sorted(await self._predicates(variable) & self.ontology.attributes)
         return None, f"Observation: [{', '.join(self._attributes[variable])}]"
 
     async def _superlative(self, op: str, variable: Variable | str, attribute: str) -> Observation:
-        if not isinstance(variable, Variable):
-            raise ToolError(f"{op.lower()}: variable must be a variable")
+        _need_variable(variable, "program", hashed=True)
         if variable not in self._attributes:
             await self.get_attributes(variable)
         if attribute not in self._attributes[variable]:
@@ -129,9 +131,18 @@ class KGEngine:
         return await self._superlative("ARGMIN", variable, attribute)
 
     async def count(self, variable: Variable | str) -> Observation:
-        if not isinstance(variable, Variable):
-            raise ToolError("count: variable must be a variable")
+        _need_variable(variable, "program")
         return Variable("type.int", f"(COUNT {variable.program})"), "Observation: variable ##, which is a number"
+
+
+def _need_variable(value: object, attribute: str, hashed: bool = False) -> None:
+    """Refuse a value that is no variable with the error upstream's code raises on it: the first attribute it reads of
+    a ``Variable`` (``'str' object has no attribute 'program'``), or hashing it for its caches (``hashed``)."""
+    if isinstance(value, Variable):
+        return
+    if hashed and value.__hash__ is None:
+        raise ToolError(f"unhashable type: '{type(value).__name__}'")
+    raise ToolError(f"'{type(value).__name__}' object has no attribute '{attribute}'")
 
 
 def _program(node: Variable | str) -> str:

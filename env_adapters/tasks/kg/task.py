@@ -31,7 +31,7 @@ from typing import Any
 from env_adapters.protocol import Index, Message, SampleStatus
 from env_adapters.task import Session, StepResult, Task, TaskError, function_tool, register_task
 from env_adapters.tasks.kg.backends import EmbeddedBackend, EndpointBackend, SparqlBackend, VirtuosoServer
-from env_adapters.tasks.kg.engine import PARAM_ORDER, KGEngine, ToolError, Variable
+from env_adapters.tasks.kg.engine import PARAM_ORDER, UPSTREAM_API_ATTRIBUTES, KGEngine, ToolError, Variable
 from env_adapters.tasks.kg.generator import GeneratorConfig, generate_graph, generate_items
 from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import ProgramError
@@ -155,10 +155,10 @@ class KGSession(Session):
             name, arguments = function["name"], function.get("arguments") or "{}"
             if isinstance(arguments, str):
                 arguments = json.loads(arguments)
-            if name not in PARAM_ORDER:
+            if name not in PARAM_ORDER and name not in UPSTREAM_API_ATTRIBUTES:
                 content = f"Provide an invalid function name. Function {name} does not exist"
             else:
-                try:
+                try:  # a name of upstream's API object that is no tool has no parameters there: a KeyError
                     args = [self._resolve(arguments[param]) for param in PARAM_ORDER[name]]
                 except KeyError:
                     content = f"Arguments do not match the function signature. Error processing arguments for {name}"

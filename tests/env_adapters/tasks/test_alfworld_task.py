@@ -107,10 +107,21 @@ async def test_bad_calls_get_upstreams_messages_and_a_win_keeps_their_status(eas
                                       "function": {"name": "take_action", "arguments": "{not json"}}])
     assert session.step(bad).messages == [{"role": "user", "content": agentbench.INVALID_TOOL_CALL}]
     assert session.step(call(7)).messages[0]["content"] == agentbench.INVALID_TOOL_CALL  # not text
+    as_object = dict(call("x"), tool_calls=[{"id": "c", "type": "function",  # upstream json.loads a string only
+                                            "function": {"name": "take_action", "arguments": {"action": "look"}}}])
+    assert session.step(as_object).messages == [{"role": "user", "content": agentbench.INVALID_TOOL_CALL}]
     result = play(easy, 3, session, messages, len(easy.walkthrough(3)))
     session.close()
     assert (result.status, result.reward) == (SampleStatus.AGENT_INVALID_ACTION, 1.0)
-    assert result.metrics["rounds"] == 3 + len(easy.walkthrough(3))
+    assert result.metrics["rounds"] == 4 + len(easy.walkthrough(3))
+
+
+def test_an_action_the_bleu_scoring_fails_on_goes_to_the_engine_as_it_is(monkeypatch):
+    def broken(reference, candidate):
+        raise ZeroDivisionError
+
+    monkeypatch.setattr(agentbench, "bleu", broken)
+    assert agentbench.process_action("Go To Cabnet 1", ["go to cabinet 1", "look"]) == "go to cabnet 1"
 
 
 async def test_three_repeats_end_the_episode(easy):

@@ -177,6 +177,29 @@ async def test_upstream_messages_and_limits(files):
     await task.teardown()
 
 
+async def test_an_entity_or_an_api_name_that_is_no_tool_gets_upstreams_python_messages(files):
+    # Upstream calls its API object's method with the entity's id and answers with the exception's text; a name of
+    # that object which is no tool passes getattr there and fails on the tool's parameter list.
+    task = KGTask(**files)
+    session, _ = await opened(task)
+    for name in ("count", "get_attributes"):
+        assert await observe(session, call(name, variable="Ann")) == \
+            "Error processing tool call: 'str' object has no attribute 'program'"
+    assert await observe(session, call("argmax", variable="Ann", attribute="film.film.runtime")) == \
+        "Error processing tool call: 'str' object has no attribute 'program'"
+    assert await observe(session, call("intersection", variable1="Ann", variable2="Ann")) == \
+        "Error processing tool call: 'str' object has no attribute 'type'"
+    assert await observe(session, call("count", variable=5)) == \
+        "Error processing tool call: 'int' object has no attribute 'program'"
+    assert await observe(session, call("get_attributes", variable=[1])) == \
+        "Error processing tool call: unhashable type: 'list'"
+    for name in ("union", "final_execute", "__init__"):
+        assert await observe(session, call(name, variable1="#0", variable2="#0")) == \
+            f"Arguments do not match the function signature. Error processing arguments for {name}"
+    await task.teardown()
+
+
+
 @pytest.mark.parametrize("message", [
     {"role": "assistant", "content": "", "tool_calls": "get_relations"},
     {"role": "assistant", "content": "", "tool_calls": {"function": {"name": "get_relations"}}},
