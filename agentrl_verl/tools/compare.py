@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 PHASES = ("before_rl", "after_rl")
@@ -34,22 +33,6 @@ def paired_changes(out: Path) -> dict[tuple[str, str], tuple[int, int]]:
             up, down = up + (after and not before), down + (before and not after)
         changes[task, mode] = (up, down)
     return changes
-
-
-def paired_gain(outs: Sequence[Path], task: str = "calc", mode: str = "sampled") -> tuple[int, int]:
-    """Over the held-out episodes of ``outs``' runs: (fail -> success, success -> fail) pairs of ``task`` in ``mode``
-    (``greedy`` or ``sampled``), pooled.
-
-    Raises:
-        ValueError: a run without held-out episodes of ``task`` in ``mode``, named in the message.
-    """
-    up = down = 0
-    for out in outs:
-        changes = paired_changes(out)
-        if (task, mode) not in changes:
-            raise ValueError(f"{out / 'trajectories.jsonl'} has no {mode} held-out episodes of {task!r}")
-        up, down = up + changes[task, mode][0], down + changes[task, mode][1]
-    return up, down
 
 
 def sign_test_p(up: int, down: int) -> float:

@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from agentrl_verl.harness.presets import CONFIG_DIR
 from bench import ablation
 from bench.ablation import (
     FAMILIES,
@@ -51,7 +53,9 @@ def test_workload_is_the_multitask_demo_without_alfworld_and_holds_out_the_same_
     config = workload()
     assert [t.name for t in config.tasks] == list(FAMILIES)
     assert all(t.held_out == HELD_OUT and t.learnable for t in config.tasks)
-    assert config.eval.temperature == 0.8  # sampled at the RL temperature
+    # Sampled at the temperature the RL rollout samples at (the demo preset's).
+    rollout = yaml.safe_load((Path(CONFIG_DIR) / "demo" / "tiny.yaml").read_text())["actor_rollout_ref"]["rollout"]
+    assert config.eval.temperature == rollout["temperature"]
 
 
 def test_size_overrides_keep_one_mini_batch_per_step_and_one_group_per_micro_batch():

@@ -3,6 +3,8 @@ per-task metrics."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -103,6 +105,8 @@ def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monk
         def __init__(self, name):
             self.__ray_ready__ = type("Method", (), {"remote": staticmethod(lambda: f"ready-{name}")})
 
+    clock = iter([100.0, 102.5])  # the wait: from before the workers are asked to after they answered
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     monkeypatch.setattr(trainer_module.ray, "get", lambda refs: events.append(("get", list(refs))))
     monkeypatch.setattr(PPOTrainerSync, "fit", lambda self, manager: events.append(("verl fit", manager)))
     monkeypatch.setattr(trainer_base.PPOTrainer, "_compute_metrics", lambda self, *args: None)
@@ -114,7 +118,7 @@ def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monk
     step_1, step_2 = {}, {}
     trainer._compute_metrics(None, step_1, {}, 1, 0)
     trainer._compute_metrics(None, step_2, {}, 2, 0)
-    assert step_1["agentrl/agent_loop_ready_s"] >= 0.0 and "agentrl/agent_loop_ready_s" not in step_2
+    assert step_1["agentrl/agent_loop_ready_s"] == 2.5 and "agentrl/agent_loop_ready_s" not in step_2
 
 def test_episode_metrics():
     extras = [

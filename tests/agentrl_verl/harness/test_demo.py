@@ -35,7 +35,7 @@ from agentrl_verl.harness.demo import (
 )
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.warmup_cache import cache_key
-from agentrl_verl.tools.compare import paired_gain, sign_test_p
+from agentrl_verl.tools.compare import paired_changes, sign_test_p
 from agentrl_verl.tools.evaluate import EvalResult
 from env_adapters.sandbox.containers import docker_available
 
@@ -385,7 +385,7 @@ the run above instead of paying for a second one."""
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_HANG_GUARD_S + 600)  # the demo run counts against this test when it runs alone
 def test_rl_raises_held_out_success_on_the_learnable_task(demo_run):
-    up, down = paired_gain([demo_run[0]])
+    up, down = paired_changes(demo_run[0])["calc", "sampled"]
     gain = json.loads((demo_run[0] / "summary.json").read_text())["tasks"]["calc"]["sampled"]["success_change"]
     assert sign_test_p(up, down) <= MAX_P_VALUE, (up, down, gain)
 
