@@ -31,7 +31,8 @@ TRAIN_REQUIRES = [
 # pieces).
 ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
-TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "hypothesis", "ruff"]
+TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "pytest-xdist>=3.6",
+                 "hypothesis", "ruff"]
 
 setup(
     name="agentrl-verl",

@@ -19,6 +19,13 @@ SHARED_UNITS = {
 LONG_FIRST = [
     DEMO,
     "vllm",
+    "tests/agentrl_verl/e2e/test_cross_policy_e2e.py",
+    "tests/agentrl_verl/e2e/test_async_e2e.py",
+    "tests/agentrl_verl/e2e/test_main_ppo_cpu.py",
+    f"{DEMO}::test_the_multitask_demo_runs_end_to_end_and_reports_every_family",
+    "tests/agentrl_verl/e2e/test_faults_e2e.py",
+    "tests/agentrl_verl/e2e/test_agentrl_e2e.py",
+    f"{DEMO}::test_ctrl_c_during_rl_stops_everything",
 ]
 """The units that take minutes, longest first (``--durations`` of a whole run)."""
 
