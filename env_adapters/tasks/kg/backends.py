@@ -48,6 +48,15 @@ def freebase_value(value: str) -> str:
 MAX_CACHED_QUERY_CHARS = 16 * 1024
 """Longer queries are answered but not remembered: the task's own queries are far shorter, and a policy's calls on
 megabyte-long entity ids would otherwise each keep their query for good (42 such calls: +316 MiB)."""
+MAX_CACHE_BYTES = 128 * 1024 * 1024
+"""What the remembered answers may hold in all, estimated as :func:`_entry_bytes` counts them (least recently used
+dropped first; an answer larger than this is not remembered): a bound for any sequence of queries, where a count of
+entries alone bounds nothing when one answer can list a million values."""
+_STR_OVERHEAD = 56  # bytes of a CPython str object (and its tuple slot) besides its characters, about
+
+
+def _entry_bytes(query: str, answer: tuple[str, ...]) -> int:
+    return len(query) + _STR_OVERHEAD + sum(len(value) + _STR_OVERHEAD for value in answer)
 
 
 class SparqlBackend(ABC):
@@ -55,11 +64,14 @@ class SparqlBackend(ABC):
 
     Args:
         cache_size: Queries whose answers are kept (least recently used dropped first); 0 keeps none. Queries
-            longer than :data:`MAX_CACHED_QUERY_CHARS` are never kept.
+            longer than :data:`MAX_CACHED_QUERY_CHARS` are never kept, and all kept answers together hold at most
+            ``cache_bytes``.
+        cache_bytes: See :data:`MAX_CACHE_BYTES`.
     """
 
-    def __init__(self, cache_size: int = 0) -> None:
-        self.cache_size = cache_size
+    def __init__(self, cache_size: int = 0, cache_bytes: int = MAX_CACHE_BYTES) -> None:
+        self.cache_size, self.cache_bytes = cache_size, cache_bytes
+        self.cached_bytes = 0
         self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._running: dict[str, asyncio.Task[list[str]]] = {}
         self.hits = self.misses = 0
@@ -91,9 +103,14 @@ class SparqlBackend(ABC):
         del self._running[query]
         if done.cancelled() or done.exception() is not None:  # failures are not remembered: the next call retries
             return
-        self._cache[query] = tuple(done.result())
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        answer = tuple(done.result())
+        size = _entry_bytes(query, answer)
+        if size > self.cache_bytes or query in self._cache:
+            return
+        self._cache[query], self.cached_bytes = answer, self.cached_bytes + size
+        while len(self._cache) > self.cache_size or self.cached_bytes > self.cache_bytes:
+            old_query, old_answer = self._cache.popitem(last=False)
+            self.cached_bytes -= _entry_bytes(old_query, old_answer)
 
     @abstractmethod
     async def _select(self, query: str) -> list[str]:

@@ -138,7 +138,10 @@ class KGSession(Session):
     async def _finish(self, index: int) -> StepResult:
         if index >= len(self.variables):
             return StepResult(status=SampleStatus.AGENT_VALIDATION_FAILED, metrics=self.metrics)
-        predicted = set(await self.engine.final_execute(self.variables[index]))
+        try:
+            predicted = set(await self.engine.final_execute(self.variables[index]))
+        except ProgramError:  # e.g. a COUNT of a COUNT, which every tool accepts: upstream's agent validation failed
+            return StepResult(status=SampleStatus.AGENT_VALIDATION_FAILED, metrics=self.metrics)
         gold = gold_answers(self.item)
         self.metrics["score"] = f1(predicted, gold)
         return StepResult(status=SampleStatus.COMPLETED, reward=float(predicted == gold), metrics=self.metrics)

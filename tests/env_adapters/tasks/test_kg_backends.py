@@ -8,14 +8,21 @@ import asyncio
 import pytest
 
 from env_adapters.sandbox.servers import free_port
-from env_adapters.tasks.kg.backends import MAX_CACHED_QUERY_CHARS, BackendError, EndpointBackend, SparqlBackend
+from env_adapters.tasks.kg.backends import (
+    MAX_CACHED_QUERY_CHARS,
+    BackendError,
+    EndpointBackend,
+    SparqlBackend,
+    _entry_bytes,
+)
 
 
 class Store(SparqlBackend):
     """Answers ``[query.upper()]`` once ``gate`` is open, or fails for the queries in ``failing``."""
 
-    def __init__(self, cache_size: int) -> None:
-        super().__init__(cache_size)
+    def __init__(self, cache_size: int, cache_bytes: int | None = None, width: int = 1) -> None:
+        super().__init__(cache_size, *(() if cache_bytes is None else (cache_bytes,)))
+        self.width = width  # values per answer
         self.sent: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
@@ -26,7 +33,7 @@ class Store(SparqlBackend):
         await self.gate.wait()
         if query in self.failing:
             raise BackendError(f"{query} failed")
-        return [query.upper()]
+        return [query.upper()] * self.width
 
 
 async def test_answers_are_remembered_least_recently_used_first_out():
@@ -52,6 +59,20 @@ async def test_overlong_queries_are_answered_but_never_remembered():
     assert len(store.sent) == 3 and len(store._cache) == 0
     await store.select("short")
     assert list(store._cache) == ["short"]
+
+
+async def test_remembered_answers_stay_within_their_byte_bound_whatever_their_size():
+    # Answers of 1,000 values (about 57 KB each as counted): a bound of 300 KB keeps the last five, whatever the count
+    # allows; an answer larger than the bound is answered and not remembered.
+    store = Store(cache_size=1000, cache_bytes=300_000, width=1000)
+    for i in range(50):
+        await store.select(f"q{i}")
+        assert store.cached_bytes <= 300_000
+    assert list(store._cache) == [f"q{i}" for i in range(45, 50)]
+    assert store.cached_bytes == sum(_entry_bytes(q, tuple(a)) for q, a in store._cache.items())
+    store.width = 10_000
+    assert len(await store.select("huge")) == 10_000 and "huge" not in store._cache
+    assert list(store._cache)[-1] == "q49"
 
 
 async def test_identical_queries_in_flight_are_sent_once():

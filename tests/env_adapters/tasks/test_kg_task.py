@@ -265,3 +265,18 @@ async def test_endpoint_backend_matches_embedded(files):
     (embedded, endpoint) = transcripts
     assert [r.reward for r, _ in embedded] == [1.0, 1.0]
     assert [(r.reward, r.metrics, m) for r, m in embedded] == [(r.reward, r.metrics, m) for r, m in endpoint]
+
+
+@pytest.mark.parametrize("second", ["count", "intersection"])
+async def test_an_answer_the_compiler_refuses_is_the_agents_failure_not_a_task_error(files, second):
+    # A COUNT of a COUNT, or an intersection of two counts: each tool accepts it, as upstream's does, and the answer
+    # cannot be compiled; upstream's final answer then ends `agent validation failed`.
+    task = KGTask(**files)
+    session, _ = await opened(task, 1)
+    await session.step(call("get_neighbors", variable="Ann", relation="people.person.films_directed"))
+    await session.step(call("count", variable="#0"))
+    await session.step(call(second, **({"variable": "#1"} if second == "count" else
+                                       {"variable1": "#1", "variable2": "#1"})))
+    done = await session.step(say("Final Answer: #2"))
+    assert (done.status, done.reward) == (SampleStatus.AGENT_VALIDATION_FAILED, 0.0)
+    await task.teardown()
