@@ -42,6 +42,21 @@ class ToolError(ValueError):
 MAX_PROGRAM_CHARS = 64 * 1024
 """Longest program a variable may hold. Upstream's gold programs are a few hundred characters; without a bound,
 ``intersection(#k, #k)`` doubles the program at every call (22 calls in one 3.3 KB message built 196 MiB)."""
+MAX_PROGRAM_DEPTH = 64
+"""Deepest nesting a variable's program may have. Upstream's gold programs nest a handful of levels; one message of
+3,000 ``get_neighbors`` calls nests 3,000 deep in 33 KB, and the recursive parser and compiler then fail
+(``RecursionError``) on the answer or on the next query."""
+
+
+def _depth(program: str) -> int:
+    depth = deepest = 0
+    for char in program:
+        if char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -49,7 +64,8 @@ class Variable:
     """A set of entities (or a number) as the program that computes it; ``type`` is its Freebase type.
 
     Raises:
-        ToolError: the program is longer than :data:`MAX_PROGRAM_CHARS` (the message is shown to the agent).
+        ToolError: the program is longer than :data:`MAX_PROGRAM_CHARS` or nests deeper than
+            :data:`MAX_PROGRAM_DEPTH` (the message is shown to the agent).
     """
 
     type: str
@@ -58,6 +74,8 @@ class Variable:
     def __post_init__(self) -> None:
         if len(self.program) > MAX_PROGRAM_CHARS:
             raise ToolError(f"the resulting variable's program would exceed {MAX_PROGRAM_CHARS} characters")
+        if _depth(self.program) > MAX_PROGRAM_DEPTH:
+            raise ToolError(f"the resulting variable's program would nest deeper than {MAX_PROGRAM_DEPTH} levels")
 
 
 Observation = tuple[Variable | None, str]  # a new variable (if any) and the text; "##" stands for its id

@@ -9,7 +9,7 @@ import pytest
 
 from env_adapters.protocol import SampleStatus
 from env_adapters.task import get_task_class
-from env_adapters.tasks.kg.engine import MAX_PROGRAM_CHARS
+from env_adapters.tasks.kg.engine import MAX_PROGRAM_CHARS, MAX_PROGRAM_DEPTH
 from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import FB, ProgramError, parse, to_sparql, unparse
 from env_adapters.tasks.kg.task import NO_CALL, KGTask, f1
@@ -138,6 +138,25 @@ async def test_a_doubling_program_stops_at_its_bound_with_a_tool_error(files):
     assert 5 <= k <= 16  # the first program is ~40 characters long: it doubles about 11 times
     assert await observe(session, call("count", variable=f"#{k}")) == \
         f"Observation: variable #{k + 1}, which is a number"
+    await task.teardown()
+
+
+async def test_a_program_nested_past_its_depth_bound_is_a_tool_error_and_the_session_goes_on(files):
+    # One message of many count calls, each on the last one's variable (a COUNT of a COUNT, which the tool accepts as
+    # upstream's does) nests the program one level deeper: past MAX_PROGRAM_DEPTH a call is refused (the recursive
+    # parser fails on a few thousand levels); the answer is then the agent's failure, not a task error.
+    task = KGTask(**files)
+    session, _ = await opened(task)
+    await session.step(call("get_neighbors", variable="Ann", relation="people.person.films_directed"))  # #0: depth 1
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "count", "arguments": json.dumps(
+        {"variable": f"#{i}"})}} for i in range(80)]
+    replies = (await session.step({"role": "assistant", "content": "", "tool_calls": calls})).messages
+    refused = [i for i, reply in enumerate(replies) if reply["content"].startswith("Error")]
+    assert replies[refused[0]]["content"] == ("Error processing tool call: the resulting variable's program would "
+                                              f"nest deeper than {MAX_PROGRAM_DEPTH} levels")
+    assert refused[0] == MAX_PROGRAM_DEPTH - 1  # count(#i) makes #(i + 1), i + 2 levels deep
+    done = await session.step(say(f"Final Answer: #{refused[0]}"))
+    assert done.status is SampleStatus.AGENT_VALIDATION_FAILED
     await task.teardown()
 
 
