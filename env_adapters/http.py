@@ -561,7 +561,8 @@ class HTTPClient:
 
     async def request(self, method: str, url: str, body: bytes | None = None, *,
                       headers: dict[str, str] | None = None, timeout: float | None = None) -> ClientResponse:
-        """Send one request and return the full reply (any status).
+        """Send one request and return the full reply (any status); a body is JSON unless ``headers`` give its
+        ``Content-Type``.
 
         Raises:
             ConnectError: No connection could be opened.
@@ -576,7 +577,9 @@ class HTTPClient:
         if headers:
             head.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
         if body is not None:
-            head.append(b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+            if not headers or not any(k.lower() == "content-type" for k in headers):
+                head.append(b"Content-Type: application/json\r\n")  # unless the caller named another
+            head.append(b"Content-Length: %d\r\n\r\n" % len(body))
             head.append(body)
         else:
             head.append(b"\r\n")

@@ -154,8 +154,13 @@ class EmbeddedBackend(SparqlBackend):
         return len(self.store)
 
 
+MAX_GET_QUERY_CHARS = 2000
+"""Encoded queries longer than this go by POST (seven nested intersections made a GET that Virtuoso refused)."""
+
+
 class EndpointBackend(SparqlBackend):
-    """A SPARQL 1.1 protocol endpoint over plain HTTP (queries sent as GET, results read as SPARQL JSON).
+    """A SPARQL 1.1 protocol endpoint over plain HTTP (queries sent as GET, longer ones as a form POST, which the
+    protocol allows: a GET's URL is limited, Virtuoso's to a few KB; results read as SPARQL JSON).
 
     Args:
         url: The endpoint, e.g. ``http://127.0.0.1:8890/sparql``.
@@ -172,8 +177,13 @@ class EndpointBackend(SparqlBackend):
         self.http = HTTPClient(headers={"Accept": SPARQL_JSON}, timeout=timeout, max_connections=max_connections)
 
     async def _select(self, query: str) -> list[str]:
+        form = urlencode({"query": query})
         try:
-            reply = await self.http.request("GET", f"{self.url}?{urlencode({'query': query})}")
+            if len(form) <= MAX_GET_QUERY_CHARS:
+                reply = await self.http.request("GET", f"{self.url}?{form}")
+            else:
+                reply = await self.http.request("POST", self.url, form.encode(),
+                                                headers={"Content-Type": "application/x-www-form-urlencoded"})
         except (ClientError, OSError, TimeoutError) as e:
             raise BackendError(f"SPARQL endpoint {self.url} unreachable: {e}") from e
         if reply.status != 200:

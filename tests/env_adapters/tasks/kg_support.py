@@ -32,8 +32,9 @@ async def play(task: KGTask, index: int, policy: Callable[..., Message] = kg_exp
 
 
 @contextlib.contextmanager
-def sparql_endpoint(ntriples: str) -> Iterator[str]:
-    """A SPARQL 1.1 protocol endpoint (GET ``?query=``, JSON results) over ``ntriples``; yields its URL."""
+def sparql_endpoint(ntriples: str, methods: list[str] | None = None) -> Iterator[str]:
+    """A SPARQL 1.1 protocol endpoint (GET ``?query=`` or a form POST, JSON results) over ``ntriples``; yields its
+    URL. ``methods`` gets the method of each query."""
     import pyoxigraph
 
     store = pyoxigraph.Store()
@@ -43,7 +44,16 @@ def sparql_endpoint(ntriples: str) -> Iterator[str]:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            query = parse_qs(urlsplit(self.path).query)["query"][0]
+            self._answer(parse_qs(urlsplit(self.path).query)["query"][0])
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            form = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            assert self.headers["Content-Type"] == "application/x-www-form-urlencoded"
+            self._answer(parse_qs(form)["query"][0])
+
+        def _answer(self, query: str) -> None:
+            if methods is not None:
+                methods.append(self.command)
             try:
                 body, status = store.query(query).serialize(format=pyoxigraph.QueryResultsFormat.JSON), 200
             except SyntaxError as e:

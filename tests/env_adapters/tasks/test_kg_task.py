@@ -286,6 +286,22 @@ async def test_endpoint_backend_matches_embedded(files):
     assert [(r.reward, r.metrics, m) for r, m in embedded] == [(r.reward, r.metrics, m) for r, m in endpoint]
 
 
+async def test_a_long_query_goes_to_an_endpoint_by_post(files):
+    # A 10 KB entity id makes a query past a GET's URL limit (Virtuoso answered 400): it goes as a form POST and is
+    # answered like any other (an entity without relations).
+    from .kg_support import sparql_endpoint
+
+    methods: list[str] = []
+    with sparql_endpoint(ntriples(), methods) as url:
+        task = KGTask(data=files["data"], ontology=files["ontology"], backend="endpoint", sparql_url=url)
+        session, _ = await opened(task)
+        assert await observe(session, call("get_relations", variable="Ann")) == \
+            "Observation: [people.person.films_directed, people.person.nationality]"
+        assert await observe(session, call("get_relations", variable="m." + "x" * 10_000)) == "Observation: []"
+        await task.teardown()
+    assert methods == ["GET", "POST"]
+
+
 @pytest.mark.parametrize("second", ["count", "intersection"])
 async def test_an_answer_the_compiler_refuses_is_the_agents_failure_not_a_task_error(files, second):
     # A COUNT of a COUNT, or an intersection of two counts: each tool accepts it, as upstream's does, and the answer

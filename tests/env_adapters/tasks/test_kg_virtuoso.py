@@ -61,6 +61,14 @@ async def test_oracle_and_parity_with_embedded():
                     (on_embedded[0].status, on_embedded[0].reward, on_embedded[0].metrics)
         assert [r.metrics["tool_errors"] for r, _ in [await play(virtuoso, i, stumbling) for i in sample]] == \
             [4] * len(sample)
+        # A 10 KB entity id: its query is too long for a GET's URL on Virtuoso (400), so it goes by POST.
+        session = await virtuoso.start_session(0)
+        await session.reset()
+        reply = await session.step({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+                                    "function": {"name": "get_relations",
+                                                 "arguments": '{"variable": "m.%s"}' % ("x" * 10_000)}}]})
+        assert reply.messages[0]["content"] == "Observation: []" and not reply.status.finished
+        await session.close()
     finally:
         await virtuoso.teardown()
         await embedded.teardown()
