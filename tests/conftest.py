@@ -37,6 +37,7 @@ def _unit(item: pytest.Item) -> str:
     return SHARED_UNITS.get(path, path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {unit: i for i, unit in enumerate(LONG_FIRST)}
     for item in items:
