@@ -18,6 +18,6 @@ workers=${AGENTRL_TEST_WORKERS:-2}
 echo "[test] pytest ($workers workers)"
 pytest_start=$SECONDS
 rc=0
-.venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=20 "$@" || rc=$?
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" || rc=$?
 echo "[test] pytest took $((SECONDS - pytest_start)) s; the whole run $((SECONDS - start)) s"
 exit "$rc"

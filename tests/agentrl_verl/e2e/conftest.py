@@ -4,13 +4,15 @@ serve this folder's test tasks.
 Test files cannot import each other (pytest's importlib mode), so the harness is handed out as fixtures:
 
 - ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None, python=sys.executable,
-  preset="cpu_tiny") -> log``: one run of ``python -m verl.trainer.main_ppo`` with the preset (``cpu_tiny``, or
-  ``cpu_vllm``) in its own session and Ray cluster (private temp dir), killed on timeout; the log is written to
-  ``workdir/NAME.log`` and a non-zero exit fails the test.
+  preset="cpu_tiny", started=None, returncode=0) -> log``: one run of ``python -m verl.trainer.main_ppo`` with the
+  preset (``cpu_tiny``, or ``cpu_vllm``) in its own session and Ray cluster (private temp dir), killed on timeout;
+  ``started`` gets the driver's ``Popen``; the log is written to ``workdir/NAME.log`` and an exit code other than
+  ``returncode`` fails the test.
 - ``run_main_ppo(workdir, model_path, name, *overrides) -> (log, {step: metrics})``: ``main_ppo`` with the
   ``arith_data`` reward and a larger learning rate, metrics parsed from the console logger.
-- ``start_stack(workers)``: a context manager running an :class:`EnvStack` whose workers can import the test tasks
-  of this folder (``chatter_task:ChatterTask``, ``latency_chatter_task:LatencyChatterTask``).
+- ``start_stack(workers, controller=None)``: a context manager running an :class:`EnvStack` (``controller``: its
+  controller's settings) whose workers can import the test tasks of this folder (``chatter_task:ChatterTask``,
+  ``latency_chatter_task:LatencyChatterTask``).
 - ``arith_data``: the ``arith_data`` module (dataset writer and reward function).
 """
 
@@ -62,8 +64,10 @@ def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 
 def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeout_s: float = RUN_TIMEOUT_S,
-             env: Mapping[str, str] | None = None, python: str = sys.executable, preset: str = "cpu_tiny") -> str:
-    """Run main_ppo with ``preset`` on ``workdir``'s train/val parquet files under ``python``; return its log."""
+             env: Mapping[str, str] | None = None, python: str = sys.executable, preset: str = "cpu_tiny",
+             started: Callable[[subprocess.Popen], None] | None = None, returncode: int = 0) -> str:
+    """Run main_ppo with ``preset`` on ``workdir``'s train/val parquet files under ``python``; return its log.
+    ``started`` gets the driver's process once it runs; the run must exit with ``returncode``."""
     ray_dir = Path("/tmp") / f"e2eray{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
     cmd = [
         python, "-m", "verl.trainer.main_ppo",
@@ -79,6 +83,8 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
+        if started is not None:
+            started(proc)
         log, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole session: the driver's Ray cluster too
@@ -90,7 +96,7 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
     finally:
         subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
     (workdir / f"{name}.log").write_text(log)
-    assert proc.returncode == 0, f"main_ppo ({name}) failed with {proc.returncode}; tail:\n{log[-6000:]}"
+    assert proc.returncode == returncode, f"main_ppo ({name}) exited with {proc.returncode}; tail:\n{log[-6000:]}"
     return log
 
 
@@ -104,12 +110,13 @@ def run_main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str,
 
 
 @contextlib.contextmanager
-def start_stack(workers: list[dict[str, Any]]) -> Iterator[EnvStack]:
-    """An environment stack (controller on a free port) of ``workers``, which may name this folder's tasks."""
+def start_stack(workers: list[dict[str, Any]], controller: dict[str, Any] | None = None) -> Iterator[EnvStack]:
+    """An environment stack (controller on a free port, with ``controller``'s settings) of ``workers``, which may name
+    this folder's tasks."""
     with pytest.MonkeyPatch.context() as mp:
         # The worker subprocesses import the test tasks from this folder.
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-        with EnvStack({"controller": {"port": 0}, "workers": workers}) as stack:
+        with EnvStack({"controller": {"port": 0, **(controller or {})}, "workers": workers}) as stack:
             yield stack
 
 
@@ -124,7 +131,7 @@ def _run_main_ppo() -> Callable[..., tuple[str, dict[int, dict]]]:
 
 
 @pytest.fixture(name="start_stack", scope="session")
-def _start_stack() -> Callable[[list[dict[str, Any]]], contextlib.AbstractContextManager[EnvStack]]:
+def _start_stack() -> Callable[..., contextlib.AbstractContextManager[EnvStack]]:
     return start_stack
 
 
