@@ -105,7 +105,7 @@ class SparqlBackend(ABC):
             return
         answer = tuple(done.result())
         size = _entry_bytes(query, answer)
-        if size > self.cache_bytes or query in self._cache:
+        if size > self.cache_bytes:
             return
         self._cache[query], self.cached_bytes = answer, self.cached_bytes + size
         while len(self._cache) > self.cache_size or self.cached_bytes > self.cache_bytes:

@@ -100,25 +100,11 @@ class TitleNouns:
     """
 
     def __init__(self, model: str = "auto") -> None:
-        self.model, self._nlp = "rule", None
+        loaded = None if model == "rule" else _load_spacy(SPACY_MODELS if model == "auto" else (model,),
+                                                          required=model != "auto")
+        self._nlp, self.model = loaded or (None, "rule")
         if model == "rule":
             return
-        try:
-            import spacy
-        except ImportError as e:
-            if model != "auto":
-                raise ValueError(f"webshop: title_nouns {model!r} needs spaCy (pip install spacy)") from e
-            spacy = None
-        for name in SPACY_MODELS if model == "auto" else (model,):
-            try:
-                self._nlp = spacy.load(name, disable=["parser", "ner", "lemmatizer"]) if spacy else None
-            except OSError as e:
-                if model != "auto":
-                    raise ValueError(f"webshop: title_nouns: spaCy pipeline {model!r} does not load ({e}); install it "
-                                     f"(python -m spacy download {model}) or use title_nouns: auto | rule") from e
-                continue
-            self.model = str(name)
-            break
         if self._nlp is None:
             log.warning("webshop: no spaCy English model installed (%s): title nouns for r_type come from a rule, "
                         "which can differ from upstream's on real titles; install %s for upstream's",
@@ -130,6 +116,24 @@ class TitleNouns:
         if self._nlp is None:
             return rule_nouns(title)
         return [t.text.lower() for t in self._nlp(title) if t.pos_ in NOUN_TAGS]
+
+
+def _load_spacy(names: tuple[str, ...], required: bool) -> tuple[Any, str] | None:
+    """The first of ``names`` that spaCy loads, with its name; ``None`` when none does and none is ``required``."""
+    try:
+        import spacy
+    except ImportError as e:
+        if required:
+            raise ValueError(f"webshop: title_nouns {names[0]!r} needs spaCy (pip install spacy)") from e
+        return None
+    for name in names:
+        try:
+            return spacy.load(name, disable=["parser", "ner", "lemmatizer"]), str(name)
+        except OSError as e:
+            if required:
+                raise ValueError(f"webshop: title_nouns: spaCy pipeline {name!r} does not load ({e}); install it "
+                                 f"(python -m spacy download {name}) or use title_nouns: auto | rule") from e
+    return None
 
 
 def type_reward(product: Product, goal: Goal, nouns: Callable[[str], list[str]] = rule_nouns) -> dict[str, Any]:
