@@ -5,12 +5,16 @@ killed while both serve the episodes played again. One run takes both faults (ea
 from __future__ import annotations
 
 import json
+import re
+import signal
 import threading
 import time
 import urllib.request
+import uuid
 
 import pytest
 
+from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
@@ -22,10 +26,14 @@ WORKER = {"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", 
           "heartbeat_interval": 0.5, "options": {"rounds": 3, "size": 32, "step_latency": {"dist": "fixed", "s": 0.5}}}
 
 
+def list_sessions(url: str) -> dict[str, dict]:
+    with urllib.request.urlopen(f"{url}/api/list_sessions", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
 def running_sessions(url: str) -> list[str]:
     """The worker id of each running session."""
-    with urllib.request.urlopen(f"{url}/api/list_sessions", timeout=5) as resp:
-        return [s["worker_id"] for s in json.loads(resp.read()).values() if s["status"] == "running"]
+    return [s["worker_id"] for s in list_sessions(url).values() if s["status"] == "running"]
 
 
 def train_through(fault, stack, workdir, run_main_ppo, name: str) -> dict[int, dict]:
@@ -94,3 +102,66 @@ def test_a_run_survives_its_controller_killed_and_then_a_worker_killed_mid_episo
     assert killed_in_flight == [True]
     assert steps[1]["agentrl/chatter/env_retries"] > 0, steps[1]
     assert steps[1]["agentrl/chatter/env_unavailable_s"] > 0, steps[1]
+
+
+def test_an_async_run_killed_between_checkpoints_resumes_where_it_saved(start_stack, tmp_path, run_main_ppo):
+    # The paper's configuration: agentrl_async with cross-policy sampling. Its driver is killed with SIGKILL after the
+    # checkpoint of step 2, with step 3's groups in flight; the same command with resume_mode=auto trains steps 3
+    # and 4 only, its stale copy refreshed to the resumed weights at once, the bound kept; nothing of the dead run is
+    # left (its processes go with the driver, its sessions end at the controller's idle timeout). The groups the
+    # checkpoint holds (verl saves TransferQueue with it) are played again, not lost, and the pacer counts them.
+    run_id = uuid.uuid4().hex
+    overrides = (
+        "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.resume_mode=auto",
+        "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "algorithm.adv_estimator=task_norm_grpo", "trainer.v1.trainer_mode=agentrl_async",
+        "+agentrl.async.max_staleness=1", "+agentrl.agent.max_turns=3", "+agentrl.agent.max_new_tokens=24",
+        "+agentrl.agent.max_total_tokens=400", "data.max_prompt_length=160", "data.max_response_length=160",
+        "+agentrl.cross_policy.enable=true", "+agentrl.cross_policy.stale_refresh_steps=2",
+        "+agentrl.cross_policy.stale_replicas=1", "+agentrl.cross_policy.stale_ratio=0.5",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store", "ray_kwargs.ray_init.num_gpus=2",
+    )
+    checkpoint = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    in_flight: list[int] = []
+
+    def kill_after_step_2(driver) -> None:
+        def watch() -> None:
+            while driver.poll() is None:
+                saved = checkpoint.read_text().strip() if checkpoint.exists() else ""
+                running = [int(i) for i, s in list_sessions(stack.url).items() if s["status"] == "running"] \
+                    if saved == "2" else []
+                if running:
+                    in_flight.extend(running)
+                    driver.send_signal(signal.SIGKILL)
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    with start_stack([{**WORKER, "options": {**WORKER["options"], "size": 64}}],
+                     controller={"session_idle_timeout": 5}) as stack:
+        assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "64",
+                                 "--val-fraction", "0.1", "--seed", "0"]) == 0
+        overrides = (*overrides, f"+agentrl.env.url={stack.url}")
+        _, killed = run_main_ppo(tmp_path, build_tiny_model(), "async_killed", *overrides, started=kill_after_step_2,
+                                 returncode=-signal.SIGKILL, env={vllm_cpu.RUN_ID_ENV: run_id})
+        # Killed with sessions running after the checkpoint of step 2 (its console line may not be out yet).
+        assert in_flight and set(killed) <= {1, 2} and checkpoint.read_text().strip() == "2"
+        killed_at = time.monotonic()
+        while vllm_cpu.run_processes(run_id) and time.monotonic() < killed_at + 300:
+            time.sleep(1)
+        assert vllm_cpu.run_processes(run_id) == []  # Ray's processes and the agent loop went with the driver
+        log, resumed = run_main_ppo(tmp_path, build_tiny_model(), "async_resumed", *overrides)
+        assert sorted(resumed) == [3, 4]  # exactly the configured steps in all
+        sessions = list_sessions(stack.url)
+    assert not any(sessions.get(str(s), {}).get("status") == "running" for s in in_flight)
+    for step, m in resumed.items():
+        assert m["agentrl/all/episodes"] == 8 and m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
+        assert m["async/staleness/turn_lag/over"] == 0, (step, m)  # no turn older than the bound trained
+    # The stale copy starts equal to the resumed actor (refreshed at init), then lags by the refresh schedule.
+    assert resumed[3]["cross_policy/version_lag_max/stale"] == 0, resumed[3]
+    restored = int(re.search(r"Restored (\d+) training prompt groups", log).group(1))
+    assert restored > 0  # groups admitted by the dead run, saved with its checkpoint
+    # Two steps of 4 groups: the restored ones and exactly as many new ones as were missing, none dropped.
+    assert resumed[4]["async/total/admitted"] + restored == 2 * 4, (restored, resumed[4])
+    assert resumed[4]["async/total/dropped"] == 0, resumed[4]
