@@ -12,9 +12,13 @@ reached only through the accessors below; the per-sample fields of a batch only 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import sys
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 VERL_VERSION = "0.9.1"
@@ -45,6 +49,9 @@ _CPU, _HF, _VLLM = "backends.platform_cpu", "backends.hf_rollout", "backends.vll
 _VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer"
 VLLM_MODULES = ("verl.workers.rollout.vllm_rollout",)
 """verl modules that import vLLM: their entries are checked in the vLLM environment (``needs_vllm``)."""
+WEIGHT_TRANSFER = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
+"""verl's bucketed weight transfer over ZMQ (CUDA IPC or shared memory): needs no vLLM, but its package imports it,
+so it is loaded from its file (:func:`bucketed_weight_transfer`)."""
 
 PRIVATE: tuple[Private, ...] = (
     # V1 trainer hooks that have no public counterpart.
@@ -71,6 +78,12 @@ PRIVATE: tuple[Private, ...] = (
     # The admission gate of verl's vLLM server, which the pause the plugin adds to it closes.
     *(Private(f"{_VLLM_SERVER}.{name}", "read", _VLLM) for name in (
         "_submission_paused", "_rejecting", "_resume_event", "_admitting")),
+    # The hf backend's weight updates through verl's bucketed transfer; its sockets get a timeout.
+    Private(f"{WEIGHT_TRANSFER}:BucketedWeightSender.__init__", "call", _HF,
+            ("self", "zmq_handle", "bucket_size_mb", "use_shm")),
+    Private(f"{WEIGHT_TRANSFER}:BucketedWeightSender._init_socket", "override", _HF, ("self",)),
+    Private(f"{WEIGHT_TRANSFER}:BucketedWeightReceiver.__init__", "call", _HF,
+            ("self", "zmq_handle", "device", "use_shm")),
     # Registries without a public registration function.
     Private("verl.workers.rollout.base:_ROLLOUT_REGISTRY", "register", _HF),
     Private("verl.workers.engine:EngineRegistry._engines", "register", _CPU),
@@ -97,7 +110,7 @@ def resolve(path: str) -> Any:
     """
     module_name, _, qualname = path.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = bucketed_weight_transfer() if module_name == WEIGHT_TRANSFER else importlib.import_module(module_name)
     except ImportError as error:
         raise VerlChanged(f"{path}: module {module_name} cannot be imported ({error})") from None
     for part in qualname.split("."):
@@ -138,7 +151,7 @@ def check(entry: Private) -> None:
 
 def needs_vllm(entry: Private) -> bool:
     """Whether checking ``entry`` imports vLLM (``tests/agentrl_verl/backends/test_vllm_cpu.py`` checks those)."""
-    return entry.path.startswith(VLLM_MODULES)
+    return entry.path.startswith(VLLM_MODULES) and not entry.path.startswith(WEIGHT_TRANSFER)
 
 
 # ---- accessors of private module-level objects ----------------------------------------------------------------
@@ -147,6 +160,21 @@ def needs_vllm(entry: Private) -> bool:
 def rollout_adapter_registry() -> dict[tuple[str, str], str]:
     """verl's ``(rollout name, mode) -> server adapter class path`` registry (trainer and checkpoint workers)."""
     return resolve("verl.workers.rollout.base:_ROLLOUT_REGISTRY")
+
+
+def bucketed_weight_transfer() -> types.ModuleType:
+    """verl's :data:`WEIGHT_TRANSFER` module, loaded from its file without the vLLM package that holds it."""
+    if WEIGHT_TRANSFER not in sys.modules:
+        import verl.workers.rollout as rollout
+
+        path = Path(rollout.__file__).parent / "vllm_rollout" / "bucketed_weight_transfer.py"
+        spec = importlib.util.spec_from_file_location(WEIGHT_TRANSFER, path)
+        if spec is None or not path.is_file():
+            raise ImportError(f"no {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[WEIGHT_TRANSFER] = module  # the package, if imported later (vLLM installed), finds it loaded
+    return sys.modules[WEIGHT_TRANSFER]
 
 
 def engine_registry() -> dict[str, dict[str, dict[str, type]]]:

@@ -4,12 +4,19 @@ verl builds one adapter per trainer rank (``get_rollout_class(name, "async")``) 
 ``CheckpointEngineWorker`` for colocated/standalone replicas. The adapter finds its replica's server actor by
 name and forwards sleep/wake-up and weight updates to it. All ranks must drain the weight generator (FSDP
 gathers full tensors collectively), but only the replica's first rank sends them.
+
+Weights travel by ``engine_kwargs.hf.weight_transport`` (:data:`WEIGHT_TRANSPORTS`). A server always runs on its
+worker's host, so by default GPU tensors go by CUDA IPC through verl's bucketed ZMQ transfer (the server copies
+device to device; no host round trip) and CPU tensors through Ray's object store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
+import uuid
 from collections.abc import AsyncIterator, Generator
 from typing import Any
 
@@ -19,10 +26,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 
+from agentrl_verl.core.verl_seam import bucketed_weight_transfer
+
 logger = logging.getLogger(__name__)
 
 SERVER_NAME_PREFIX = "hf_server_"
 ROLLOUT_ENGINE_KEY = "hf"  # our key under actor_rollout_ref.rollout.engine_kwargs
+TRANSPORT_SETTING = f"actor_rollout_ref.rollout.engine_kwargs.{ROLLOUT_ENGINE_KEY}.weight_transport"
+WEIGHT_TRANSPORTS = {
+    "auto": "cuda_ipc for GPU tensors, object_store for CPU ones",
+    "cuda_ipc": "verl's bucketed ZMQ transfer over one CUDA IPC buffer (tensors on the server's GPU)",
+    "shm": "verl's bucketed ZMQ transfer over a POSIX shared-memory buffer (same host)",
+    "object_store": "each bucket copied to host memory and passed through Ray's object store",
+}
+BUCKET_TIMEOUT_S = 600
+"""Longest wait of the sender for the server to take one bucket (a server that failed never answers)."""
 
 
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
@@ -65,6 +83,10 @@ class HFServerAdapter(BaseRollout):
         # policy, for off-policy ablations and for checking that weight sync matters).
         hf_kwargs = (self.config.engine_kwargs or {}).get(ROLLOUT_ENGINE_KEY) or {}
         self.sync_weights = bool(hf_kwargs.get("sync_weights", True))
+        self.weight_transport = str(hf_kwargs.get("weight_transport", "auto"))
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(
+                f"{TRANSPORT_SETTING}={self.weight_transport!r}: use one of {', '.join(WEIGHT_TRANSPORTS)}")
 
     @property
     def is_leader_rank(self) -> bool:
@@ -96,7 +118,8 @@ class HFServerAdapter(BaseRollout):
         peft_config: Any = None,
         **kwargs: Any,
     ) -> None:
-        """Send full named tensors to the server in buckets of ``update_weights_bucket_megabytes``.
+        """Send full named tensors to the server in buckets of ``update_weights_bucket_megabytes``, by the
+        configured weight transport.
 
         Raises:
             NotImplementedError: For delta updates or LoRA adapters (not supported by the hf backend).
@@ -105,24 +128,85 @@ class HFServerAdapter(BaseRollout):
             raise NotImplementedError(f"the hf rollout backend takes wire_format='named_tensors', not {wire_format!r}")
         if peft_config is not None:
             raise NotImplementedError("the hf rollout backend cannot load LoRA adapters; set model.lora.merge=True")
+        stream = _iterate(weights)
+        if not (self.is_leader_rank and self.sync_weights):
+            async for _ in stream:  # still drained: producing each tensor is collective across trainer ranks
+                pass
+            return
+        first = await anext(stream, None)
+        if first is not None:
+            transport = self._transport(first[1])
+            started = time.monotonic()
+            tensors = _prepend(first, stream)
+            if transport == "object_store":
+                sent = await self._send_by_object_store(tensors)
+            else:
+                sent = await self._send_by_zmq(tensors, use_shm=transport == "shm")
+            logger.info("hf weight update of %s: %d tensors by %s in %.2f s", self.server_name, sent, transport,
+                        time.monotonic() - started)
+        await self._server().clear_kv_cache.remote()
+        if global_steps is not None:
+            await self._server().set_global_steps.remote(global_steps)
+
+    def _transport(self, tensor: torch.Tensor) -> str:
+        if self.weight_transport == "auto":
+            return "cuda_ipc" if tensor.is_cuda else "object_store"
+        if self.weight_transport == "cuda_ipc" and not tensor.is_cuda:
+            raise ValueError(f"{TRANSPORT_SETTING}=cuda_ipc, but the weights to send are on {tensor.device}: use "
+                             "shm or object_store (or auto) for weights in host memory")
+        return self.weight_transport
+
+    async def _send_by_object_store(self, tensors: AsyncIterator[tuple[str, torch.Tensor]]) -> int:
         bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        async for name, tensor in _iterate(weights):
-            if not (self.is_leader_rank and self.sync_weights):
-                continue  # still drained: producing each tensor is collective across trainer ranks
+        size = sent = 0
+        async for name, tensor in tensors:
             tensor = tensor.detach().to("cpu", copy=True)
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= self.bucket_bytes:
-                await self._server().update_weights.remote(bucket)
+                sent += await self._server().update_weights.remote(bucket)
                 bucket, size = [], 0
-        if not (self.is_leader_rank and self.sync_weights):
-            return
         if bucket:
-            await self._server().update_weights.remote(bucket)
-        await self._server().clear_kv_cache.remote()
-        if global_steps is not None:
-            await self._server().set_global_steps.remote(global_steps)
+            sent += await self._server().update_weights.remote(bucket)
+        return sent
+
+    async def _send_by_zmq(self, tensors: AsyncIterator[tuple[str, torch.Tensor]], use_shm: bool) -> int:
+        """verl's bucketed sender here, its receiver in the server (which loads each bucket as it arrives)."""
+        handle = f"ipc:///tmp/agentrl-hf-weights-{uuid.uuid4().hex}.sock"
+        received = self._server().receive_weights.remote(handle, use_shm=use_shm)
+        sender = bucketed_sender(handle, self.bucket_bytes >> 20, use_shm)
+        try:
+            await sender.async_send_weights(tensors)
+        except Exception as error:
+            # The server's own error (e.g. a tensor name its model lacks) explains a sender left without answer.
+            done, _ = await asyncio.wait([asyncio.wrap_future(received.future())], timeout=5)
+            if done:
+                done.pop().result()
+            raise RuntimeError(f"hf weight update of {self.server_name} failed while sending: {error!r}") from error
+        return await received
+
+
+def bucketed_sender(handle: str, bucket_mb: int, use_shm: bool) -> Any:
+    """verl's ``BucketedWeightSender`` at ``handle`` whose socket gives up after :data:`BUCKET_TIMEOUT_S` without an
+    answer; ``bucket_mb`` megabytes per bucket, CUDA IPC or (``use_shm``) shared memory."""
+    import zmq
+
+    module = bucketed_weight_transfer()
+
+    class TimedSender(module.BucketedWeightSender):
+        def _init_socket(self) -> None:
+            super()._init_socket()
+            self.socket.setsockopt(zmq.RCVTIMEO, BUCKET_TIMEOUT_S * 1000)
+            self.socket.setsockopt(zmq.SNDTIMEO, BUCKET_TIMEOUT_S * 1000)
+
+    return TimedSender(zmq_handle=handle, bucket_size_mb=max(1, bucket_mb), use_shm=use_shm)
+
+
+async def _prepend(first: tuple[str, torch.Tensor], rest: AsyncIterator[tuple[str, torch.Tensor]]
+                   ) -> AsyncIterator[tuple[str, torch.Tensor]]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 async def _iterate(weights: Any) -> AsyncIterator[tuple[str, torch.Tensor]]:

@@ -238,6 +238,36 @@ class HFGenerationEngine:
             self.prefix_cache.clear()
         return count
 
+    async def load_weight_stream(self, receive: Callable[[Callable[[list, bool], None]], None]) -> int:
+        """Load weights that ``receive`` hands, bucket by bucket, to the callback it is given (as verl's
+        ``BucketedWeightReceiver.receive_weights`` does); runs in the worker thread, generation held meanwhile.
+        A bucket that fails to load is still taken, so the sender finishes; the error is raised at the end.
+
+        Returns:
+            How many tensors were loaded.
+
+        Raises:
+            KeyError, ValueError: as :meth:`load_weights`, for the first bad tensor.
+        """
+        loaded, failure = 0, None
+
+        def on_bucket(named_tensors: list, is_last: bool) -> None:
+            nonlocal loaded, failure
+            if failure is None:
+                try:
+                    loaded += self._load_weights(named_tensors)
+                except (KeyError, ValueError) as error:
+                    # Without its traceback: the frames hold views of the transfer buffer, which verl's receiver must
+                    # release before it answers the sender's last bucket.
+                    failure = error.with_traceback(None)
+
+        async with self._exclusive():
+            await self._in_worker(receive, on_bucket)
+            self.prefix_cache.clear()
+        if failure is not None:
+            raise failure
+        return loaded
+
     async def clear_cache(self) -> None:
         """Drop the prefix cache (running requests keep their own KV)."""
         async with self._exclusive():

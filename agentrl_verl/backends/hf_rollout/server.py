@@ -24,6 +24,7 @@ from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
 from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine
 from agentrl_verl.backends.hf_rollout.sampling import SamplingParams
+from agentrl_verl.core.verl_seam import bucketed_weight_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +219,13 @@ class HFRolloutServer:
     async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """Load a bucket of named tensors (HF parameter names) into the model."""
         return await self.engine.load_weights(named_tensors)
+
+    async def receive_weights(self, zmq_handle: str, use_shm: bool = False) -> int:
+        """Take a weight update from the adapter's verl ``BucketedWeightSender`` at ``zmq_handle`` (CUDA IPC, or
+        shared memory with ``use_shm``), loading each bucket as it arrives; returns how many tensors were loaded."""
+        receiver = bucketed_weight_transfer().BucketedWeightReceiver(
+            zmq_handle=zmq_handle, device=self.device, use_shm=use_shm)
+        return await self.engine.load_weight_stream(receiver.receive_weights)
 
     async def set_global_steps(self, global_steps: int) -> None:
         """Record the trainer step whose weights the server now holds (returned with every generation)."""

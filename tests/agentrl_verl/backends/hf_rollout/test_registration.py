@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import uuid
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from verl.workers.rollout import llm_server, replica
 from verl.workers.rollout.base import BaseRollout, get_rollout_class
 from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry
 
-from agentrl_verl.backends.hf_rollout.adapter import HFServerAdapter
+from agentrl_verl.backends.hf_rollout.adapter import HFServerAdapter, bucketed_sender
 from agentrl_verl.backends.hf_rollout.replica import HFReplica
 from agentrl_verl.backends.hf_rollout.server import HFRolloutServer
 from agentrl_verl.harness.presets import CONFIG_DIR
@@ -97,3 +98,42 @@ def test_a_replica_never_falls_back_to_the_cpu_on_an_accelerator_platform(monkey
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(RuntimeError, match=r"(?s)GPU 1, but torch sees no CUDA device.*ray_init.num_gpus"):
         resolve_device("1")
+
+
+async def _send_bucketed(handle: str, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    # verl's sender blocks on its socket: in a thread of its own, as it is in another process in a run.
+    sender = bucketed_sender(handle, bucket_mb=2, use_shm=True)
+    await asyncio.to_thread(lambda: asyncio.run(sender.async_send_weights(iter(named_tensors))))
+
+
+async def test_weights_arrive_bucket_by_bucket_through_verls_transfer_in_shared_memory(server):
+    state = server.get_state_dict()
+    assert sum(t.nbytes for t in state.values()) > 2 << 20  # more than one 2 MB bucket
+    handle = f"ipc:///tmp/agentrl-test-{uuid.uuid4().hex}.sock"
+    count, _ = await asyncio.wait_for(asyncio.gather(
+        server.receive_weights(handle, use_shm=True), _send_bucketed(handle, [(k, v * 0.25) for k, v in state.items()])
+    ), timeout=60)
+    assert count == len(state)
+    after = server.get_state_dict()
+    for name, tensor in state.items():
+        torch.testing.assert_close(after[name], tensor * 0.25)
+
+    # A tensor the model lacks: the sender still finishes, and the server names the tensor.
+    handle = f"ipc:///tmp/agentrl-test-{uuid.uuid4().hex}.sock"
+    received = asyncio.create_task(server.receive_weights(handle, use_shm=True))
+    await asyncio.wait_for(_send_bucketed(handle, [("not.a.weight", torch.zeros(3))]), timeout=60)
+    with pytest.raises(KeyError, match="not.a.weight"):
+        await received
+
+
+def test_an_unknown_weight_transport_is_refused_naming_the_setting():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="cpu_tiny", overrides=[f"actor_rollout_ref.model.path={build_tiny_model()}",
+                                                         "+actor_rollout_ref.rollout.engine_kwargs.hf.weight_transport=nccl"])
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+    with pytest.raises(ValueError, match=r"engine_kwargs\.hf\.weight_transport='nccl': use one of auto, cuda_ipc"):
+        HFServerAdapter(rollout, model, None)
