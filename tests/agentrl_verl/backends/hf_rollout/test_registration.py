@@ -126,14 +126,26 @@ async def test_weights_arrive_bucket_by_bucket_through_verls_transfer_in_shared_
         await received
 
 
-def test_an_unknown_weight_transport_is_refused_naming_the_setting():
+def _adapter(weight_transport: str) -> HFServerAdapter:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="cpu_tiny", overrides=[f"actor_rollout_ref.model.path={build_tiny_model()}",
-                                                         "+actor_rollout_ref.rollout.engine_kwargs.hf.weight_transport=nccl"])
+        cfg = compose(config_name="cpu_tiny", overrides=[
+            f"actor_rollout_ref.model.path={build_tiny_model()}",
+            f"+actor_rollout_ref.rollout.engine_kwargs.hf.weight_transport={weight_transport}"])
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+    return HFServerAdapter(rollout, model, None)
+
+
+def test_an_unknown_weight_transport_is_refused_naming_the_setting():
     with pytest.raises(ValueError, match=r"engine_kwargs\.hf\.weight_transport='nccl': use one of auto, cuda_ipc"):
-        HFServerAdapter(rollout, model, None)
+        _adapter("nccl")
+
+
+def test_weights_in_host_memory_take_the_object_store_and_are_refused_cuda_ipc():
+    assert _adapter("auto")._transport(torch.zeros(2)) == "object_store"
+    assert _adapter("shm")._transport(torch.zeros(2)) == "shm"
+    with pytest.raises(ValueError, match=r"weight_transport=cuda_ipc, but the weights to send are on cpu"):
+        _adapter("cuda_ipc")._transport(torch.zeros(2))
