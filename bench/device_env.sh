@@ -4,7 +4,7 @@
 # MiB), and exports what the runs need.
 # The repo is not pip-installed there, so the plugin is loaded by module name instead of its entry point; the CPU
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
-# preset asks for).
+# preset asks for), unless DEVICE_GPU=1 (benches of the GPU path).
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
 if [ -f "${WHEELS:-}" ]; then
   tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
@@ -13,5 +13,5 @@ elif [ -n "${WHEELS:-}" ]; then
     || { echo "wheels failed"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
-       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu \
-       AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
+[ "${DEVICE_GPU:-0}" = 1 ] || export AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu

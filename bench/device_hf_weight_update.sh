@@ -9,9 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/hf_weight_update_out}
 mkdir -p "$OUT"
-bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
-       VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_CACHE_DIR=/tmp/agentrl_cache
+DEVICE_GPU=1 source bench/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 for shape in qwen2-1.5b qwen2-0.5b; do
   echo "== $shape"

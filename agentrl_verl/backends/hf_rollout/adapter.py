@@ -13,6 +13,7 @@ device to device; no host round trip) and CPU tensors through Ray's object store
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -189,17 +190,20 @@ class HFServerAdapter(BaseRollout):
 def bucketed_sender(handle: str, bucket_mb: int, use_shm: bool) -> Any:
     """verl's ``BucketedWeightSender`` at ``handle`` whose socket gives up after :data:`BUCKET_TIMEOUT_S` without an
     answer; ``bucket_mb`` megabytes per bucket, CUDA IPC or (``use_shm``) shared memory."""
+    return _timed_sender_class()(zmq_handle=handle, bucket_size_mb=max(1, bucket_mb), use_shm=use_shm)
+
+
+@functools.cache
+def _timed_sender_class() -> type:
     import zmq
 
-    module = bucketed_weight_transfer()
-
-    class TimedSender(module.BucketedWeightSender):
+    class TimedSender(bucketed_weight_transfer().BucketedWeightSender):
         def _init_socket(self) -> None:
             super()._init_socket()
             self.socket.setsockopt(zmq.RCVTIMEO, BUCKET_TIMEOUT_S * 1000)
             self.socket.setsockopt(zmq.SNDTIMEO, BUCKET_TIMEOUT_S * 1000)
 
-    return TimedSender(zmq_handle=handle, bucket_size_mb=max(1, bucket_mb), use_shm=use_shm)
+    return TimedSender
 
 
 async def _prepend(first: tuple[str, torch.Tensor], rest: AsyncIterator[tuple[str, torch.Tensor]]
