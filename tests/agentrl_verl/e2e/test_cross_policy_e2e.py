@@ -102,7 +102,11 @@ def test_ratio_zero_is_the_run_without_the_feature(workdir, env_url, run):
     # non-zero: the actor changes and step 2 runs on updated weights.
     # One micro-batch per update: episodes finish in a different order in each run, and with several micro-batches
     # their composition (hence each one's token-mean weights) would differ between the runs.
+    # One request decoded at a time and no prefix cache: the argmax is then computed on the same shapes in both runs.
+    # Batched with whichever episodes happen to run beside it (or continued from a cached prefix), a request's logits
+    # differ in the last bits, and on a near tie that flips a token (a 1.7e-3 gap in step 1's gradient norm was seen).
     common = ("trainer.total_training_steps=2", "actor_rollout_ref.rollout.top_k=1",
+              "actor_rollout_ref.rollout.max_num_seqs=1", "actor_rollout_ref.rollout.enable_prefix_caching=false",
               "algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
     off = run(workdir, env_url, "off", *common)
     zero = run(workdir, env_url, "ratio_zero", *CROSS_POLICY, "+agentrl.cross_policy.stale_ratio=0", *common)
