@@ -4,12 +4,14 @@ verl's own config validation and our option parsers (nothing here starts a run);
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import ray
 import verl  # noqa: F401 - loads our plugin, which registers the estimator, agent loop and trainer modes
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +20,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 from verl.utils.config import validate_config
 
+from agentrl_verl.backends.hf_rollout.adapter import HF_ENGINE_KWARGS, ROLLOUT_ENGINE_KEY
 from agentrl_verl.core.config import ConfigError, validate_run_config
 from agentrl_verl.harness.presets import CONFIG_DIR
 from env_adapters.launcher import load_config
@@ -30,6 +33,8 @@ SIZES = ["3b", "7b", "14b", "32b"]
 # Stand-ins for the values a launch script passes (the configs leave them ??? on purpose).
 REQUIRED = ["agentrl.env.url=http://127.0.0.1:5020", "data.train_files=train.parquet", "data.val_files=val.parquet"]
 MISSING = object()
+RAY_INIT = "ray_kwargs.ray_init."
+HF_KWARGS = f"actor_rollout_ref.rollout.engine_kwargs.{ROLLOUT_ENGINE_KEY}."
 
 
 def _compose(config_dir: Path | str, name: str, overrides: list[str]) -> DictConfig:
@@ -56,6 +61,14 @@ def _unknown_keys(files: list[Path], base: DictConfig) -> list[str]:
     for path in files:
         for key in _leaf_keys(OmegaConf.load(path)):
             if key.split(".")[0] in ("hydra", "defaults", "agentrl"):
+                continue
+            if key.startswith(RAY_INIT):  # main_ppo hands these to ray.init as they are
+                if key.removeprefix(RAY_INIT) not in inspect.signature(ray.init).parameters:
+                    unknown.append(f"{path.name}: {key}")
+                continue
+            if key.startswith(HF_KWARGS):  # the hf rollout backend's own
+                if key.removeprefix(HF_KWARGS) not in HF_ENGINE_KWARGS:
+                    unknown.append(f"{path.name}: {key}")
                 continue
             node = plain
             for part in key.split("."):
@@ -88,6 +101,26 @@ def test_recipe_composes_with_existing_keys(size, verl_base):
     assert config.trainer.total_training_steps == 1000
     assert config.data.max_prompt_length + config.data.max_response_length == config.agentrl.agent.max_total_tokens
     assert config.trainer.v1.trainer_mode == "agentrl_async"  # the paper's pipeline; agentrl_sync is an override
+
+
+def test_the_one_gpu_recipe_keeps_the_papers_method_with_every_replica_on_the_card(verl_base):
+    config = _compose(RECIPE / "config", "agentrl_1gpu", [*REQUIRED, "actor_rollout_ref.model.path=/m"])
+    assert _unknown_keys([RECIPE / "config" / "agentrl_1gpu.yaml"], verl_base) == []
+    _check_run_config(config)
+    paper = _compose(RECIPE / "config", "agentrl_qwen2.5_3b", REQUIRED)
+    _check_run_config(paper)  # fills in the agentrl defaults, as it did above
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    for key in ("algorithm.adv_estimator", "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n",
+                "actor_rollout_ref.rollout.temperature", "agentrl.cross_policy", "agentrl.agent", "trainer.v1"):
+        assert OmegaConf.select(config, key) == OmegaConf.select(paper, key), key
+    assert config.data.train_batch_size // actor.ppo_mini_batch_size == 4  # updates per step, as in the paper's
+    # One card that Ray counts twice: the trainer's replica and the stale pool's, both served on the card, weights
+    # to the stale copy through the object store (NCCL cannot join two ranks on one card).
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 1)
+    stale = config.agentrl.cross_policy.stale_replicas
+    assert config.ray_kwargs.ray_init.num_gpus == config.trainer.n_gpus_per_node + stale
+    assert rollout.name == "hf" and rollout.dtype == "bfloat16" and rollout.engine_kwargs.hf.physical_gpus == 1
+    assert rollout.checkpoint_engine.backend == "ray_object_store"
 
 
 def test_the_recipe_on_sglang_says_at_launch_what_the_async_pipeline_needs():

@@ -44,6 +44,28 @@ BUCKET_TIMEOUT_S = 600
 """Longest wait of the sender for the server to take one bucket (a server that failed never answers)."""
 
 
+HF_ENGINE_KWARGS = {
+    "sync_weights": "false keeps the rollout on its initial weights",
+    "weight_transport": "how weight updates reach the server (WEIGHT_TRANSPORTS)",
+    "physical_gpus": "cards per node where Ray counts more GPUs than that (server.card_of)",
+}
+"""Our settings under ``actor_rollout_ref.rollout.engine_kwargs.hf``."""
+
+
+def hf_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
+    """Our settings under ``actor_rollout_ref.rollout.engine_kwargs.hf`` (empty when none are given).
+
+    Raises:
+        ValueError: a key that is not one of :data:`HF_ENGINE_KWARGS` (a typo would otherwise be ignored).
+    """
+    kwargs = dict((config.engine_kwargs or {}).get(ROLLOUT_ENGINE_KEY) or {})
+    unknown = sorted(set(kwargs) - set(HF_ENGINE_KWARGS))
+    if unknown:
+        raise ValueError(f"unknown key(s) actor_rollout_ref.rollout.engine_kwargs.{ROLLOUT_ENGINE_KEY}."
+                         f"{', '.join(unknown)}: the hf backend reads {', '.join(HF_ENGINE_KWARGS)}")
+    return kwargs
+
+
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     """Ray actor name of a replica's server (``name_suffix`` separates replica groups, e.g. a stale pool)."""
     return f"{SERVER_NAME_PREFIX}{replica_rank}{name_suffix}"
@@ -82,7 +104,7 @@ class HFServerAdapter(BaseRollout):
         self.bucket_bytes = self.config.checkpoint_engine.update_weights_bucket_megabytes << 20
         # engine_kwargs.hf.sync_weights=false keeps the rollout on its initial weights (a frozen behaviour
         # policy, for off-policy ablations and for checking that weight sync matters).
-        hf_kwargs = (self.config.engine_kwargs or {}).get(ROLLOUT_ENGINE_KEY) or {}
+        hf_kwargs = hf_engine_kwargs(self.config)
         self.sync_weights = bool(hf_kwargs.get("sync_weights", True))
         self.weight_transport = str(hf_kwargs.get("weight_transport", "auto"))
         if self.weight_transport not in WEIGHT_TRANSPORTS:

@@ -6,7 +6,8 @@ checkpoint engine call ``wake_up`` / ``sleep``, ``abort_all_requests`` / ``resum
 on verl's vLLM server. Weights arrive through ``update_weights`` from :class:`HFServerAdapter`.
 
 The server runs on the device of the trainer worker it belongs to: the replica passes that worker's visible
-device, and the actor uses ``cuda:0`` of it where CUDA is available, else the CPU.
+device, and the actor uses ``cuda:0`` of it (the CPU on verl's ``cpu`` platform). Where Ray counts more GPUs than a
+node has cards (``engine_kwargs.hf.physical_gpus``), Ray's GPU ids are shares of the cards (:func:`card_of`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
+from agentrl_verl.backends.hf_rollout.adapter import ROLLOUT_ENGINE_KEY, hf_engine_kwargs
 from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine
 from agentrl_verl.backends.hf_rollout.sampling import SamplingParams
 from agentrl_verl.core.verl_seam import bucketed_weight_transfer
@@ -33,8 +35,30 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.
            "float32": torch.float32, "fp32": torch.float32}
 
 
-def resolve_device(visible_devices: str | None) -> torch.device:
-    """The device this server should use: the CPU on verl's ``cpu`` platform, else the visible CUDA device.
+PHYSICAL_GPUS_SETTING = f"actor_rollout_ref.rollout.engine_kwargs.{ROLLOUT_ENGINE_KEY}.physical_gpus"
+
+
+def card_of(ray_gpu_id: str, physical_gpus: int | None) -> str:
+    """The card (as ``CUDA_VISIBLE_DEVICES`` names it) of a server that Ray placed on GPU ``ray_gpu_id``.
+
+    Without ``physical_gpus`` Ray's id is the card. With it, Ray's GPUs are logical shares of a node's
+    ``physical_gpus`` cards (``ray_kwargs.ray_init.num_gpus`` larger than the card count, as on one card with the
+    cross-policy pool's stale replica): id ``i`` serves on card ``i mod physical_gpus``.
+
+    Raises:
+        ValueError: ``physical_gpus`` is not a positive integer, or Ray's id is not a card index.
+    """
+    if physical_gpus is None:
+        return ray_gpu_id
+    if isinstance(physical_gpus, bool) or not isinstance(physical_gpus, int) or physical_gpus < 1:
+        raise ValueError(f"{PHYSICAL_GPUS_SETTING}={physical_gpus!r}: give the number of cards per node (e.g. 1)")
+    if not ray_gpu_id.isdigit():
+        raise ValueError(f"{PHYSICAL_GPUS_SETTING} maps Ray's GPU ids onto cards, but Ray gave {ray_gpu_id!r}")
+    return str(int(ray_gpu_id) % physical_gpus)
+
+
+def resolve_device(visible_devices: str | None, physical_gpus: int | None = None) -> torch.device:
+    """The device this server should use: the CPU on verl's ``cpu`` platform, else its card (:func:`card_of`).
 
     Raises:
         RuntimeError: on an accelerator platform, torch sees no CUDA device where Ray placed the replica (never a
@@ -47,14 +71,18 @@ def resolve_device(visible_devices: str | None) -> torch.device:
     if isinstance(platform.get_platform(), PlatformCPU):
         return torch.device("cpu")
     if visible_devices:
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+        card = card_of(visible_devices, physical_gpus)
+        if card != visible_devices:
+            logger.info("hf rollout server: Ray's GPU %s is a share of card %s (%s=%d)", visible_devices, card,
+                        PHYSICAL_GPUS_SETTING, physical_gpus)
+        os.environ["CUDA_VISIBLE_DEVICES"] = card
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"hf rollout server: Ray placed this replica on GPU {visible_devices or '(none given)'}, but torch sees "
             f"no CUDA device there (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). The run asks "
             "for more GPUs than the machine has: make ray_kwargs.ray_init.num_gpus the real count and the replicas "
-            "fit it (the cross-policy pool's stale_replicas take one each), or run on the CPU with "
-            "AGENTRL_PLATFORM=cpu")
+            f"fit it (the cross-policy pool's stale_replicas take one each), set {PHYSICAL_GPUS_SETTING} to the "
+            "node's card count to share the cards, or run on the CPU with AGENTRL_PLATFORM=cpu")
     return torch.device("cuda:0")
 
 
@@ -66,7 +94,8 @@ class HFRolloutServer:
         model_config: The model config (``actor_rollout_ref.model``), dataclass or DictConfig.
         rollout_mode: How the replica shares devices with the trainer (hybrid, colocated, standalone).
         replica_rank: Rank of the replica this server serves.
-        visible_devices: The trainer worker's visible device (e.g. ``"3"``); the server takes that GPU.
+        visible_devices: The trainer worker's visible device (e.g. ``"3"``); the server takes that GPU (or the card
+            it is a share of, with ``engine_kwargs.hf.physical_gpus``).
         server_name: The Ray actor name, used as the server's address in verl's load balancer.
     """
 
@@ -89,7 +118,7 @@ class HFRolloutServer:
         self.server_name = server_name
         # Weight version reported with every generation; the weights loaded from the model path are version 0.
         self.global_steps = 0
-        self.device = resolve_device(visible_devices)
+        self.device = resolve_device(visible_devices, hf_engine_kwargs(self.config).get("physical_gpus"))
         dtype = _DTYPES.get(str(self.config.dtype))
         if dtype is None:
             raise ValueError(f"rollout.dtype={self.config.dtype!r} is not one of {sorted(_DTYPES)}")

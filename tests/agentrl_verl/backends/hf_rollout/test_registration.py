@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 import uuid
 
@@ -98,6 +99,40 @@ def test_a_replica_never_falls_back_to_the_cpu_on_an_accelerator_platform(monkey
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(RuntimeError, match=r"(?s)GPU 1, but torch sees no CUDA device.*ray_init.num_gpus"):
         resolve_device("1")
+
+
+def test_ray_gpus_beyond_the_cards_are_shares_of_them_only_when_the_setting_says_so(monkeypatch):
+    from verl.plugin import platform
+
+    from agentrl_verl.backends.hf_rollout.server import card_of, resolve_device
+
+    assert [card_of(i, None) for i in ("0", "1", "5")] == ["0", "1", "5"]
+    assert [card_of(i, 1) for i in ("0", "1", "2")] == ["0", "0", "0"]  # one card: every replica on it
+    assert [card_of(i, 8) for i in ("3", "8", "13")] == ["3", "0", "5"]
+    for bad in (0, -1, "1", True, 1.5):
+        with pytest.raises(ValueError, match=r"engine_kwargs\.hf\.physical_gpus"):
+            card_of("0", bad)
+    with pytest.raises(ValueError, match="'GPU-1f2e'"):
+        card_of("GPU-1f2e", 1)
+    monkeypatch.setattr(platform, "get_platform", lambda: object())  # an accelerator platform
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    # The cross-policy pool's stale replica, Ray's second logical GPU of a one-card node, serves on that card.
+    assert resolve_device("1", 1) == torch.device("cuda:0")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert resolve_device("1") == torch.device("cuda:0") and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_a_misspelt_hf_setting_is_named_not_ignored():
+    from types import SimpleNamespace
+
+    from agentrl_verl.backends.hf_rollout.adapter import hf_engine_kwargs
+
+    assert hf_engine_kwargs(SimpleNamespace(engine_kwargs=None)) == {}
+    given = {"physical_gpus": 1, "weight_transport": "shm"}
+    assert hf_engine_kwargs(SimpleNamespace(engine_kwargs={"hf": given, "vllm": {"x": 1}})) == given
+    with pytest.raises(ValueError, match=r"engine_kwargs\.hf\.physical_gpu: the hf backend reads .*physical_gpus"):
+        hf_engine_kwargs(SimpleNamespace(engine_kwargs={"hf": {"physical_gpu": 1}}))
 
 
 async def _send_bucketed(handle: str, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
