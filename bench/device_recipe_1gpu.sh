@@ -64,12 +64,13 @@ build_model_dir('qwen2-0.5b', Path('.bench_tokenizer'), Path('$WORK/model'))"
 
 (while true; do nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits; sleep 2; done) \
   > "$OUT/gpu.csv" &
-# Smoke sizes (16 prompts x 4 samples, 256 tokens a turn, no validation); the image has no flash-attn (sdpa
+# Smoke sizes (16 prompts x 4 samples, 3 turns of 128 tokens: a random model's actions are invalid and an episode
+# would otherwise run to the task's 15-20 rounds; no validation); the image has no flash-attn (sdpa
 # attention, padded batches) and no wandb.
 VERL_FILE_LOGGER_PATH=$OUT/metrics.jsonl timeout "${RUN_TIMEOUT_S:-480}" \
   bash recipes/agentrl/run.sh 1gpu "$WORK/model" "$URL" "$WORK/data" \
   trainer.total_training_steps=3 data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=4 \
-  actor_rollout_ref.rollout.n=4 agentrl.agent.max_new_tokens=256 \
+  actor_rollout_ref.rollout.n=4 agentrl.agent.max_turns=3 agentrl.agent.max_new_tokens=128 \
   trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 'trainer.logger=[console,file]' \
   actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   > "$OUT/run.log" 2>&1

@@ -20,7 +20,7 @@ COLUMNS = {
     "timing_s/update_actor": "update_actor s",
     "timing_s/update_weights": "weight update s",
     "timing_s/update_stale_weights": "stale refresh s",
-    "perf/max_memory_allocated_gb": "actor peak GB",
+    "actor/perf/max_memory_allocated_gb": "actor peak GiB",
 }
 SERVER_DEVICE = re.compile(r"hf rollout server (\S+): \S+ on (\S+) \((\S+)\)")
 
@@ -53,13 +53,15 @@ def gpu_peaks(gpu_csv: Path) -> tuple[float, float]:
 def report(run_dir: Path) -> str:
     """Markdown: one row per step, then the card's peak memory and every rollout server's device."""
     rows = step_rows(run_dir / "metrics.jsonl")
-    head = ["step", *COLUMNS.values(), "generated tokens", "tokens/s of gen", "tokens/s of step"]
+    # Generated tokens per second of the whole step: under agentrl_async "gen" is the wait for a ready batch, not the
+    # generation (episodes run while the previous step trains).
+    head = ["step", *COLUMNS.values(), "generated tokens", "generated tokens/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         tokens = generated_tokens(row)
         cells = [str(row["step"])] + [f"{row[key]:.2f}" if key in row else "-" for key in COLUMNS]
-        gen, step = row.get("timing_s/gen", 0.0), row.get("timing_s/step", 0.0)
-        cells += [f"{tokens:.0f}", f"{tokens / gen:.0f}" if gen else "-", f"{tokens / step:.0f}" if step else "-"]
+        step = row.get("timing_s/step", 0.0)
+        cells += [f"{tokens:.0f}", f"{tokens / step:.0f}" if step else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     if (run_dir / "gpu.csv").exists():
         peak, busy = gpu_peaks(run_dir / "gpu.csv")

@@ -73,8 +73,8 @@ def resolve_device(visible_devices: str | None, physical_gpus: int | None = None
     if visible_devices:
         card = card_of(visible_devices, physical_gpus)
         if card != visible_devices:
-            logger.info("hf rollout server: Ray's GPU %s is a share of card %s (%s=%d)", visible_devices, card,
-                        PHYSICAL_GPUS_SETTING, physical_gpus)
+            print(f"hf rollout server: Ray's GPU {visible_devices} is a share of card {card} "
+                  f"({PHYSICAL_GPUS_SETTING}={physical_gpus})", flush=True)
         os.environ["CUDA_VISIBLE_DEVICES"] = card
     if not torch.cuda.is_available():
         raise RuntimeError(
@@ -148,7 +148,9 @@ class HFRolloutServer:
         self._gate_open.set()
         self._rejecting = False
         self._offloaded = False
-        logger.info("hf rollout server %s: %s on %s (%s)", server_name, path, self.device, dtype)
+        # Printed, not logged: Ray passes an actor's stdout to the driver's log, where this line is the record of the
+        # device each replica serves on (loggers in Ray actors stay at WARNING).
+        print(f"hf rollout server {server_name}: {path} on {self.device} ({dtype})", flush=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # Generation
