@@ -85,6 +85,8 @@ class Pipeline:
         self.lock = threading.Lock()
         self.admitted_version: dict[str, int] = {}
         self.counts = {"admitted": 0, "dropped": 0, "stale_kept": 0, "failed": 0}
+        self.failure_limit = config.failure_limit(batch_groups)
+        self.failed_since_batch = 0
         now = time.monotonic()
         self.running = LevelMeter(now)
         self.buffered = LevelMeter(now)
@@ -99,6 +101,26 @@ class Pipeline:
     def snapshot(self) -> dict[str, Any]:
         """:func:`snapshot_groups` of the train partition as TransferQueue lists it now (call under :attr:`lock`)."""
         return snapshot_groups(tq.kv_list(PARTITION).get(PARTITION, {}), self.admitted_version)
+
+    def count_failures(self, failed: int) -> None:
+        """Count ``failed`` groups (an episode raised; their slots are refilled).
+
+        Raises:
+            RuntimeError: more than :attr:`failure_limit` groups failed since the last training batch. Groups that
+                fail now and then are dropped and replaced; when every episode raises (a broken task, agent loop or
+                environment), admitting more would go on forever without a step.
+        """
+        self.counts["failed"] += failed
+        self.failed_since_batch += failed
+        if self.failed_since_batch > self.failure_limit:
+            raise RuntimeError(
+                f"agentrl_async: {self.failed_since_batch} groups failed (an episode raised) since the last training "
+                f"batch, more than agentrl.async.max_failed_groups={self.failure_limit}; the run stops instead of "
+                "admitting more. Each episode's error is in the agent loop workers' log.")
+
+    def on_batch(self) -> None:
+        """A training batch was taken: failures count from here."""
+        self.failed_since_batch = 0
 
     def observe(self, running: int, finished: int) -> None:
         now = time.monotonic()
@@ -235,15 +257,16 @@ class StalenessReplayBuffer(ReplayBufferAsync):
                 if removed:
                     self._clear_groups(partition_id, removed)
                     self._forget(removed)
-                    p.counts["failed"] += len(state["failed"])
                     p.counts["dropped"] += len(plan.drop)
                     metrics[f"{PREFIX}/groups/failed"] += len(state["failed"])
                     metrics[f"{PREFIX}/groups/dropped"] += len(plan.drop)
+                    p.count_failures(len(state["failed"]))
                 if plan.ready:
                     batch = self._materialize_batch(partition_id, list(plan.take),
                                                     grouped(self.partitions[partition_id]))
                     self._forget(plan.take)
                     p.pacer.on_consumed(len(plan.take))
+                    p.on_batch()
                     p.counts["stale_kept"] += plan.stale_kept
                     metrics[f"{PREFIX}/groups/stale_kept"] = float(plan.stale_kept)
                     p.observe(state["running"], state["finished"] - len(plan.take) - len(plan.drop))

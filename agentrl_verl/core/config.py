@@ -216,6 +216,13 @@ class AsyncConfig:
         False, description="abort running generations at an update and resume them on the new weights")
     poll_interval: StrictFloat = Field(
         0.1, gt=0.0, description="seconds between looks of the admission pump and the sampler (`agentrl_sync`'s too)")
+    max_failed_groups: StrictInt | None = Field(
+        None, ge=1, description="groups that may fail (an episode raised) with no training batch between; then the "
+        "run stops with an error instead of admitting more", json_schema_extra={"doc_default": "4 x batch"})
+
+    def failure_limit(self, batch_groups: int) -> int:
+        """Failed groups tolerated between two training batches (:attr:`max_failed_groups`, default 4 batches)."""
+        return 4 * batch_groups if self.max_failed_groups is None else self.max_failed_groups
 
     def capacity(self, batch_groups: int) -> int:
         """The buffer capacity in groups for a training batch of ``batch_groups`` groups.

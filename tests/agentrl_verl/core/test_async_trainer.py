@@ -3,6 +3,8 @@ pump's pacing, and the config check before verl starts."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import verl  # noqa: F401  (loads the plugin first: importing async_trainer before verl would be circular)
 from omegaconf import OmegaConf
@@ -70,6 +72,49 @@ def test_pump_admits_up_to_the_pacer_quota_and_tags_the_version(monkeypatch):
     assert pump.tick() == 2
     assert pipeline.admitted_version == {"u0": 0, "u1": 0, "u2": 0, "u3": 0, "u4": 1, "u5": 1}
     assert pipeline.counts["admitted"] == 6
+
+
+def test_failed_groups_are_replaced_until_more_than_the_limit_fail_with_no_batch_between():
+    from agentrl_verl.core.async_trainer import Pipeline
+    from agentrl_verl.core.config import AsyncConfig
+
+    pipeline = Pipeline(AsyncConfig(), batch_groups=2, group_size=4)
+    assert pipeline.failure_limit == 8  # four batches' worth by default
+    for _ in range(3):  # groups that fail now and then: a batch in between each time
+        pipeline.count_failures(5)
+        pipeline.on_batch()
+    assert pipeline.counts["failed"] == 15
+    pipeline.count_failures(8)  # at the limit: still replaced
+    with pytest.raises(RuntimeError, match=r"9 groups failed .*agentrl\.async\.max_failed_groups=8"):
+        pipeline.count_failures(1)  # every episode raises: the run stops instead of admitting forever
+    assert Pipeline(AsyncConfig(max_failed_groups=1), batch_groups=2, group_size=4).failure_limit == 1
+
+
+def test_the_sampler_stops_a_run_whose_every_episode_raises(monkeypatch):
+    """The replay buffer's sampler over a listing where the pump's every new group has failed by the next look."""
+    from collections import defaultdict
+
+    from agentrl_verl.core.async_trainer import PARTITION, Pipeline, StalenessReplayBuffer
+    from agentrl_verl.core.config import AsyncConfig
+
+    buffer = StalenessReplayBuffer.__new__(StalenessReplayBuffer)  # no TransferQueue: its listing is faked below
+    buffer.pipeline = Pipeline(AsyncConfig(max_failed_groups=5, poll_interval=0.001), batch_groups=2, group_size=4)
+    buffer.pump = None
+    buffer.partitions = {PARTITION: {}}
+    buffer.pending_keys, buffer.running_keys, buffer.finished_keys = (defaultdict(set) for _ in range(3))
+    buffer.failure_keys, buffer.prompt_global_steps = defaultdict(set), defaultdict(dict)
+    uids = (f"g{i}" for i in itertools.count())
+    looks = []
+
+    def sync():  # each look: the two groups admitted since the last one have failed
+        looks.append(1)
+        buffer.failure_keys[PARTITION] |= {next(uids), next(uids)}
+
+    monkeypatch.setattr(buffer, "_sync_metadata_from_transfer_queue", sync)
+    monkeypatch.setattr(buffer, "_clear_groups", lambda partition, removed: buffer.failure_keys[partition].clear())
+    with pytest.raises(RuntimeError, match=r"6 groups failed .*max_failed_groups=5"):
+        buffer.sample(global_steps=1, partition_id=PARTITION, batch_size=2)
+    assert len(looks) == 3 and buffer.pipeline.counts["failed"] == 6
 
 
 def test_turn_versions_leave_out_cross_policy_members():
