@@ -296,19 +296,47 @@ def rl_environment(metrics_file: Path) -> dict[str, str]:
             "VERL_FILE_LOGGER_PATH": str(metrics_file), "PYTHONUNBUFFERED": "1"}
 
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
+"""Ray's error when its raylet misses the fixed 30 s registration wait (``ray/_private/node.py``, not configurable):
+on a loaded machine that can happen before anything of the run started."""
+
+
 def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float) -> list[dict[str, Any]]:
     """Run main_ppo in its own process group, log progress per step, and return the per-step metrics.
 
     Its output goes to ``out/verl.log`` and its metrics to ``out/metrics.jsonl`` (verl's file logger). A run that
     neither finishes a step nor prints a line for ``stall_s`` seconds is stalled and stopped. On any exit path
     (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped, and the shared-memory
-    segments its processes left are removed (:func:`vllm_cpu.clean_up_run`).
+    segments its processes left are removed (:func:`vllm_cpu.clean_up_run`). A run whose Ray node did not start in
+    time (:data:`RAY_START_TIMEOUT`) is launched again, once.
 
     Raises:
         RLStopped: the run stalled or exited with an error before its last step.
     """
     metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     started = time.monotonic()
+    for attempt in range(2):
+        returncode, stalled, history = _launch_rl(cmd, out, tasks, steps, stall_s, started)
+        first_failed_to_start = attempt == 0 and returncode != 0 and not stalled and not history
+        if first_failed_to_start and RAY_START_TIMEOUT in log_file.read_text(errors="replace"):
+            logger.warning("the RL run's Ray node did not start in time (%s); launching it again", RAY_START_TIMEOUT)
+            continue
+        break
+    done = len(_read_jsonl(metrics_file)) if metrics_file.exists() else len(history)
+    if stalled:
+        raise RLStopped(f"the RL run stalled: no step finished and no output for {stall_s:.0f}s (rl.stall_s) "
+                        f"after step {done}/{steps}; it was stopped (see {log_file})")
+    if returncode != 0:
+        tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
+        raise RLStopped(f"the RL run (main_ppo) exited with code {returncode} after step {done}/{steps}; "
+                        f"end of {log_file}:\n{tail}")
+    return _read_jsonl(metrics_file) if metrics_file.exists() else history
+
+
+def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float,
+               started: float) -> tuple[int, bool, list[dict[str, Any]]]:
+    """One launch of :func:`run_rl`'s process; returns its exit code, whether it stalled, and the steps it logged."""
+    metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     history: list[dict[str, Any]] = []
     last_sign = [time.monotonic()]  # of life: a line or a finished step
     stalled = threading.Event()
@@ -342,15 +370,7 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
             watchdog.join()
             # main_ppo's driver does this at its exit, which a killed driver never reaches.
             vllm_cpu.clean_up_run(run_id, segments)
-    done = len(_read_jsonl(metrics_file)) if metrics_file.exists() else len(history)
-    if stalled.is_set():
-        raise RLStopped(f"the RL run stalled: no step finished and no output for {stall_s:.0f}s (rl.stall_s) "
-                        f"after step {done}/{steps}; it was stopped (see {log_file})")
-    if proc.returncode != 0:
-        tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise RLStopped(f"the RL run (main_ppo) exited with code {proc.returncode} after step {done}/{steps}; "
-                        f"end of {log_file}:\n{tail}")
-    return _read_jsonl(metrics_file) if metrics_file.exists() else history
+    return proc.returncode, stalled.is_set(), history
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

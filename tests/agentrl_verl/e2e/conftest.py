@@ -32,13 +32,13 @@ from typing import Any
 
 import pytest
 
+from agentrl_verl.harness.demo import RAY_START_TIMEOUT
 from agentrl_verl.harness.presets import CONFIG_DIR
 from env_adapters.launcher import EnvStack
 
 HERE = Path(__file__).parent
 ARITH = HERE / "arith_data.py"
 RUN_TIMEOUT_S = 420
-RAY_START_TIMEOUT = "The current node timed out during startup"
 # Larger than the preset's so that two steps move the actor visibly away from a frozen rollout.
 LR = "5e-3"
 
@@ -99,8 +99,7 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
             subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
         (workdir / f"{name}.log").write_text(log)
         if attempt == 0 and proc.returncode != 0 and RAY_START_TIMEOUT in log:
-            # Ray gives its raylet a fixed 30 s to register (ray/_private/node.py); beside another worker's run on two
-            # cores it can miss that before anything of the run started, so the launch is made again, once.
+            # The demo's run_rl does the same (RAY_START_TIMEOUT says why).
             print(f"main_ppo ({name}): Ray's node did not start in time; launching again", file=sys.stderr)
             continue
         break

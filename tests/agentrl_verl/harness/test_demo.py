@@ -200,6 +200,23 @@ def test_a_failed_rl_run_names_its_exit_code_and_the_steps_done(tmp_path):
     assert "Traceback: boom" in str(info.value)
 
 
+def test_a_run_whose_ray_node_missed_its_start_up_wait_is_launched_again_once(tmp_path):
+    from agentrl_verl.harness.demo import RAY_START_TIMEOUT
+
+    marker = tmp_path / "launched"  # the first launch fails as Ray does under load, the second runs
+    cmd = _fake_run(tmp_path, f"if not os.path.exists({str(marker)!r}):\n"
+                              f"    open({str(marker)!r}, 'w').close()\n"
+                              f"    print('Exception: {RAY_START_TIMEOUT}.', flush=True)\n"
+                              "    sys.exit(1)\n"
+                              "step(1)\nstep(2)\n")
+    assert [row["step"] for row in run_rl(cmd, tmp_path, ["calc"], steps=2, stall_s=60)] == [1, 2]
+    again = tmp_path / "again"  # twice in a row: the error stands
+    again.mkdir()
+    cmd = _fake_run(again, f"print('Exception: {RAY_START_TIMEOUT}.', flush=True)\nsys.exit(1)\n")
+    with pytest.raises(RLStopped, match="exited with code 1 after step 0/2"):
+        run_rl(cmd, again, ["calc"], steps=2, stall_s=60)
+
+
 def test_stop_reasons_name_what_ended_the_demo():
     assert stop_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
     assert stop_reason(KeyboardInterrupt("signal 15")) == "interrupted (signal 15)"
