@@ -1,7 +1,8 @@
 """SPARQL backends of the ``kg`` task: one interface, three ways to reach a graph.
 
-- :class:`EmbeddedBackend`: an in-process `Oxigraph <https://github.com/oxigraph/oxigraph>`_ store (pyoxigraph)
-  loaded from N-Triples; no server; the default;
+- :class:`EmbeddedBackend`: `Oxigraph <https://github.com/oxigraph/oxigraph>`_ stores (pyoxigraph) loaded from
+  N-Triples in child processes of the worker, so that a query can be stopped at its time bound; no server; the
+  default;
 - :class:`EndpointBackend`: any SPARQL 1.1 HTTP endpoint given by URL (a user's full Freebase in Virtuoso, as
   upstream runs it);
 - :class:`VirtuosoServer` + :class:`EndpointBackend`: Virtuoso Open Source (Debian package
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import shutil
 import subprocess
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
@@ -30,6 +33,7 @@ from env_adapters.http import ClientError, HTTPClient
 from env_adapters.sandbox.servers import OwnedServer, die_with_parent, free_port, stop_at_exit
 from env_adapters.task import run_blocking
 from env_adapters.tasks.kg.sexpr import FB
+from env_adapters.tasks.kg.store_process import QueryError, QueryTimeout, StoreProcess, StoreProcessError
 
 logger = logging.getLogger(__name__)
 
@@ -120,38 +124,127 @@ class SparqlBackend(ABC):
         """Release connections."""
 
 
+QUERY_TIMEOUT_S = 30.0
+"""Time bound of one embedded-store query. The task's own queries take milliseconds on the generated graphs; a
+policy's program can make one that runs for minutes (nine self-intersections, then ``get_relations``)."""
+
+
+class QueryTooCostly(Exception):
+    """The store stopped a query at its time bound: the agent's program is too costly to run (shown to the agent,
+    not a store failure)."""
+
+
+def check_store_options(processes: int, query_timeout: float) -> None:
+    """Raises ValueError naming the task options ``query_processes``/``query_timeout`` if either is out of range."""
+    if processes < 1 or query_timeout <= 0:
+        raise ValueError(f"kg: query_processes must be >= 1 and query_timeout > 0, got {processes} and "
+                         f"{query_timeout}")
+
+
 class EmbeddedBackend(SparqlBackend):
-    """An in-memory Oxigraph store, loaded once and shared read-only by every session.
+    """Oxigraph stores holding the graph, in ``processes`` child processes (:mod:`.store_process`) that answer the
+    sessions' queries, one query at a time each.
+
+    Queries never run in the worker: Oxigraph cannot interrupt one, so a query past ``query_timeout`` has its process
+    killed and replaced, and it raises :class:`QueryTooCostly`. Meanwhile the other processes answer the other
+    sessions, so a session waits on another's costly query only when every process is busy with one, and then at most
+    ``query_timeout`` seconds.
 
     Args:
         ntriples: N-Triples text, or the path of an ``.nt`` file.
         cache_size: See :class:`SparqlBackend`.
+        processes: Store processes, each holding its own copy of the graph.
+        query_timeout: Seconds one query may run.
     """
 
-    def __init__(self, ntriples: str | bytes | Path, cache_size: int = 0) -> None:
-        import pyoxigraph
-
+    def __init__(self, ntriples: str | bytes | Path, cache_size: int = 0, processes: int = 2,
+                 query_timeout: float = QUERY_TIMEOUT_S) -> None:
+        check_store_options(processes, query_timeout)
         super().__init__(cache_size)
-        self.store = pyoxigraph.Store()
-        if isinstance(ntriples, Path):
-            self.store.bulk_load(path=str(ntriples), format=pyoxigraph.RdfFormat.N_TRIPLES)
-        else:
-            self.store.bulk_load(ntriples, format=pyoxigraph.RdfFormat.N_TRIPLES)
+        self.graph = ntriples.encode() if isinstance(ntriples, str) else ntriples
+        self.query_timeout = query_timeout
+        self._idle: queue.SimpleQueue[StoreProcess] = queue.SimpleQueue()
+        self._live: set[StoreProcess] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            for _ in range(processes):
+                self._idle.put(self._start())
+        except BaseException:
+            self._kill_all()
+            raise
+        self.triples = next(iter(self._live)).triples
+
+    def _start(self) -> StoreProcess:
+        try:
+            process = StoreProcess(self.graph)
+        except StoreProcessError as e:
+            raise BackendError(str(e)) from e
+        with self._lock:
+            self._live.add(process)
+        return process
+
+    def _retire(self, process: StoreProcess) -> None:
+        process.kill()
+        with self._lock:
+            self._live.discard(process)
 
     async def _select(self, query: str) -> list[str]:
-        # In the worker's threads (the store lets the event loop run meanwhile), never inline: most queries take
-        # well under a millisecond, but a hostile program (nine intersections, then get_relations) made one that held
-        # the loop, and with it every other session and the worker's heartbeats, for 19 s.
+        # Waited for in the worker's threads, so the event loop goes on serving the other sessions and the heartbeats.
         return await run_blocking(self._query, query)
 
     def _query(self, query: str) -> list[str]:
+        if self._closed:
+            raise BackendError("the embedded store is closed")
+        while True:  # waits while every process answers a query
+            try:
+                process = self._idle.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._closed:
+                    raise BackendError("the embedded store is closed") from None
         try:
-            return [freebase_value(row[0].value) for row in self.store.query(query) if row[0] is not None]
-        except (SyntaxError, OSError) as e:
-            raise BackendError(f"embedded SPARQL store failed: {e} in query {query[:500]!r}") from e
+            return [freebase_value(value) for value in process.query(query, self.query_timeout)]
+        except QueryError as e:
+            raise BackendError(str(e)) from e
+        except (QueryTimeout, StoreProcessError) as e:
+            # Still running the query, or dead: a fresh process takes its place.
+            self._retire(process)
+            if not self._closed:
+                process = self._start()
+            if isinstance(e, QueryTimeout):
+                raise QueryTooCostly(f"the query ran past its bound of {self.query_timeout:g} s and was "
+                                     "stopped") from e
+            raise BackendError(str(e)) from e
+        finally:
+            if self._closed:
+                self._retire(process)
+            else:
+                self._idle.put(process)
+
+    def _kill_all(self) -> None:
+        while True:  # the idle processes, at once
+            try:
+                self._retire(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        with self._lock:
+            busy = list(self._live)
+        for process in busy:  # the thread waiting on each retires it when the process is gone
+            process.signal_kill()
+
+    async def close(self) -> None:
+        """Kill the store processes (a query still running in one ends with :class:`BackendError`)."""
+        self._closed = True
+        self._kill_all()
+
+    def pids(self) -> list[int]:
+        """The store processes' ids."""
+        with self._lock:
+            return sorted(p.pid for p in self._live)
 
     def __len__(self) -> int:
-        return len(self.store)
+        return self.triples
 
 
 MAX_GET_QUERY_CHARS = 2000

@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from env_adapters.protocol import Index, Message, SampleStatus
-from env_adapters.task import Session, StepResult, Task, TaskError, function_tool, register_task
-from env_adapters.tasks.kg.backends import EmbeddedBackend, EndpointBackend, SparqlBackend, VirtuosoServer
+from env_adapters.task import Session, StepResult, Task, TaskError, function_tool, register_task, run_blocking
+from env_adapters.tasks.kg.backends import (
+    QUERY_TIMEOUT_S,
+    EmbeddedBackend,
+    EndpointBackend,
+    QueryTooCostly,
+    SparqlBackend,
+    VirtuosoServer,
+    check_store_options,
+)
 from env_adapters.tasks.kg.engine import PARAM_ORDER, UPSTREAM_API_ATTRIBUTES, KGEngine, ToolError, Variable
 from env_adapters.tasks.kg.generator import GeneratorConfig, generate_graph, generate_items
 from env_adapters.tasks.kg.ontology import Ontology
@@ -140,7 +148,8 @@ class KGSession(Session):
             return StepResult(status=SampleStatus.AGENT_VALIDATION_FAILED, metrics=self.metrics)
         try:
             predicted = set(await self.engine.final_execute(self.variables[index]))
-        except ProgramError:  # e.g. a COUNT of a COUNT, which every tool accepts: upstream's agent validation failed
+        except (ProgramError, QueryTooCostly):  # e.g. a COUNT of a COUNT, which every tool accepts: upstream's agent
+            # validation failed; also an answer too costly to compute
             return StepResult(status=SampleStatus.AGENT_VALIDATION_FAILED, metrics=self.metrics)
         gold = gold_answers(self.item)
         self.metrics["score"] = f1(predicted, gold)
@@ -170,7 +179,7 @@ class KGSession(Session):
                     if "##" in content:
                         content = content.replace("##", f"#{len(self.variables)}")
                         self.variables.append(variable)
-        except (ToolError, ProgramError, LookupError, ValueError, TypeError, AttributeError) as e:
+        except (ToolError, ProgramError, QueryTooCostly, LookupError, ValueError, TypeError, AttributeError) as e:
             content = f"Error processing tool call: {e}"
         if content.startswith(("Provide", "Arguments", "Error")):
             self.metrics["tool_errors"] += 1
@@ -209,12 +218,16 @@ class KGTask(Task):
         virtuoso_memory_mb: Page buffers of the Virtuoso server.
         query_cache: Distinct queries whose answers the task remembers for all its sessions (the graph does not
             change while it runs); 0 sends every query to the store.
+        query_processes: Processes of the embedded store (each holds the graph and answers one query at a time).
+        query_timeout: Seconds one query of the embedded store may run; a longer one is stopped and its tool call
+            answered ``Error processing tool call: ...`` (a final answer: ``agent validation failed``).
     """
 
     def __init__(self, backend: str = "embedded", sparql_url: str | None = None, data: str | None = None,
                  ontology: str | None = None, graph: str | None = None, preset: str = "standard", seed: int = 0,
                  size: int = 1000, max_rounds: int = 15, prompt: str = "upstream", virtuoso_memory_mb: int = 256,
-                 query_cache: int = 10000, **knobs: Any) -> None:
+                 query_cache: int = 10000, query_processes: int = 2, query_timeout: float = QUERY_TIMEOUT_S,
+                 **knobs: Any) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"kg: backend must be one of {list(BACKENDS)}, got {backend!r}")
         if (backend == "endpoint") != (sparql_url is not None):
@@ -225,6 +238,8 @@ class KGTask(Task):
             raise ValueError(f"kg: max_rounds and size must be >= 1, got {max_rounds} and {size}")
         if query_cache < 0:
             raise ValueError(f"kg: query_cache must be >= 0, got {query_cache}")
+        check_store_options(query_processes, query_timeout)
+        self.query_processes, self.query_timeout = query_processes, query_timeout
         unknown = set(knobs) - {"entities_per_type", "types", "distractors", "max_hops", "templates"}
         if unknown:
             raise TypeError(f"kg: unknown option(s) {sorted(unknown)}")
@@ -263,7 +278,8 @@ class KGTask(Task):
     async def setup(self) -> None:
         source = self.graph_path or self.ntriples
         if self.backend_name == "embedded":
-            self.backend = EmbeddedBackend(source, cache_size=self.query_cache)
+            self.backend = await run_blocking(EmbeddedBackend, source, cache_size=self.query_cache,
+                                              processes=self.query_processes, query_timeout=self.query_timeout)
         elif self.backend_name == "endpoint":
             self.backend = EndpointBackend(self.sparql_url, cache_size=self.query_cache)
         else:

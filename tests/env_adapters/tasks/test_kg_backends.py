@@ -1,9 +1,11 @@
 """The kg backends' shared answer cache (hits, one query for identical ones in flight, LRU, failures and
-cancellations not remembered) and the endpoint backend's error for an unreachable store."""
+cancellations not remembered), the endpoint backend's error for an unreachable store, and the embedded store's
+processes (a query stopped at its time bound, the others answered meanwhile)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +13,13 @@ from env_adapters.sandbox.servers import free_port
 from env_adapters.tasks.kg.backends import (
     MAX_CACHED_QUERY_CHARS,
     BackendError,
+    EmbeddedBackend,
     EndpointBackend,
+    QueryTooCostly,
     SparqlBackend,
     _entry_bytes,
 )
+from env_adapters.tasks.kg.sexpr import FB
 
 
 class Store(SparqlBackend):
@@ -107,22 +112,49 @@ async def test_unreachable_endpoint_is_a_backend_error():
     await backend.close()
 
 
-async def test_the_embedded_store_answers_off_the_event_loop():
-    import threading
+EDGES = "".join(f"<{FB}m.a{i}> <{FB}r> <{FB}m.b> .\n" for i in range(200))
+CROSS_PRODUCT = "SELECT (COUNT(*) AS ?n) WHERE { ?a ?b ?c . ?d ?e ?f . ?g ?h ?i . ?j ?k ?l }"  # 200^4 rows to count
+FIRST = "SELECT ?s WHERE { ?s ?p ?o } ORDER BY ?s LIMIT 2"
 
-    from env_adapters.tasks.kg.backends import EmbeddedBackend
 
-    backend = EmbeddedBackend(b"<http://rdf.freebase.com/ns/m.a> <http://rdf.freebase.com/ns/r> "
-                              b"<http://rdf.freebase.com/ns/m.b> .\n")
-    seen = []
-    store = backend.store
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
 
-    class Recording:  # the store, noting the thread each query runs on
-        def query(self, query):
-            seen.append(threading.get_ident())
-            return store.query(query)
 
-    backend.store = Recording()
-    answer = await backend.select("SELECT ?o WHERE { ?s ?p ?o }")
-    # A long query must not hold the loop that serves every other session and the heartbeats.
-    assert answer == ["m.b"] and seen and threading.get_ident() not in seen
+async def test_a_query_past_its_time_bound_is_stopped_and_its_process_replaced():
+    backend = EmbeddedBackend(EDGES, processes=2, query_timeout=1)
+    before = backend.pids()
+    assert len(backend) == 200 and await backend.select(FIRST) == ["m.a0", "m.a1"]
+    with pytest.raises(QueryTooCostly, match="past its bound of 1 s"):
+        await backend.select(CROSS_PRODUCT)
+    after = backend.pids()
+    # Oxigraph cannot interrupt a query: the process that ran it is gone and a fresh one serves in its place.
+    assert len(after) == 2 and len(set(before) & set(after)) == 1
+    assert not any(alive(pid) for pid in set(before) - set(after))
+    assert await backend.select(FIRST) == ["m.a0", "m.a1"]
+    await backend.close()
+
+
+async def test_a_costly_query_leaves_the_other_processes_to_the_other_sessions():
+    backend = EmbeddedBackend(EDGES, processes=2, query_timeout=600)
+    costly = asyncio.ensure_future(backend.select(CROSS_PRODUCT))
+    await asyncio.sleep(0.5)  # in its process
+    # The bystander is answered by the other process while the costly query still runs.
+    assert await backend.select(FIRST) == ["m.a0", "m.a1"] and not costly.done()
+    pids = backend.pids()
+    await backend.close()  # kills the processes, also the one still counting
+    with pytest.raises(BackendError, match="died"):
+        await costly
+    assert backend.pids() == [] and not any(alive(pid) for pid in pids)
+
+
+async def test_a_query_the_store_refuses_is_a_backend_error_and_the_process_stays():
+    backend = EmbeddedBackend(EDGES, processes=1)
+    pids = backend.pids()
+    with pytest.raises(BackendError, match="embedded SPARQL store failed"):
+        await backend.select("SELEC nonsense")
+    assert backend.pids() == pids and await backend.select(FIRST) == ["m.a0", "m.a1"]
+    await backend.close()

@@ -253,6 +253,9 @@ def test_options_are_checked(files):
         KGTask(max_hops=5)
     with pytest.raises(FileNotFoundError, match="no vocab.json"):
         KGTask(data=files["data"], ontology="/nonexistent", graph=files["graph"])
+    for bad in ({"query_processes": 0}, {"query_timeout": 0}):
+        with pytest.raises(ValueError, match="query_processes must be >= 1 and query_timeout > 0"):
+            KGTask(**bad)
 
 
 def test_sexpr_translation():
@@ -314,4 +317,22 @@ async def test_an_answer_the_compiler_refuses_is_the_agents_failure_not_a_task_e
                                        {"variable1": "#1", "variable2": "#1"})))
     done = await session.step(say("Final Answer: #2"))
     assert (done.status, done.reward) == (SampleStatus.AGENT_VALIDATION_FAILED, 0.0)
+    await task.teardown()
+
+
+async def test_a_query_past_its_time_bound_is_a_tool_error_and_the_session_goes_on():
+    # Nine self-intersections make a 30 KB program whose relations query ran for minutes in Oxigraph (over 280 s on
+    # the generated graph): the store stops it at its bound and the agent is told, as of any failed call.
+    task = KGTask(size=1, query_timeout=1)
+    session, opening = await opened(task)
+    entity = next(iter(task.items[0]["entities"]))
+    relation = (await observe(session, call("get_relations", variable=entity))).split("[")[1].split(",")[0]
+    await session.step(call("get_neighbors", variable=entity, relation=relation.strip("]")))
+    for k in range(9):
+        await session.step(call("intersection", variable1=f"#{k}", variable2=f"#{k}"))
+    assert await observe(session, call("get_relations", variable="#9")) == \
+        "Error processing tool call: the query ran past its bound of 1 s and was stopped"
+    assert (await observe(session, call("get_relations", variable=entity))).startswith("Observation: [")
+    done = await session.step(say("Final Answer: #9"))  # an answer too costly to compute is no answer
+    assert done.status == SampleStatus.AGENT_VALIDATION_FAILED
     await task.teardown()
