@@ -12,7 +12,7 @@ from env_adapters.task import get_task_class
 from env_adapters.tasks.kg.engine import MAX_PROGRAM_CHARS, MAX_PROGRAM_DEPTH
 from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import FB, ProgramError, parse, to_sparql, unparse
-from env_adapters.tasks.kg.task import NO_CALL, KGTask, f1
+from env_adapters.tasks.kg.task import MAX_ARGUMENT_CHARS, NO_CALL, KGTask, f1
 
 from .kg_support import sparql_endpoint
 
@@ -290,19 +290,32 @@ async def test_endpoint_backend_matches_embedded(files):
 
 
 async def test_a_long_query_goes_to_an_endpoint_by_post(files):
-    # A 10 KB entity id makes a query past a GET's URL limit (Virtuoso answered 400): it goes as a form POST and is
-    # answered like any other (an entity without relations).
+    # Six self-intersections make a query past a GET's URL limit (seven made Virtuoso answer 400): it goes as a form
+    # POST and is answered like any other.
     from .kg_support import sparql_endpoint
 
     methods: list[str] = []
     with sparql_endpoint(ntriples(), methods) as url:
         task = KGTask(data=files["data"], ontology=files["ontology"], backend="endpoint", sparql_url=url)
         session, _ = await opened(task)
-        assert await observe(session, call("get_relations", variable="Ann")) == \
-            "Observation: [people.person.films_directed, people.person.nationality]"
-        assert await observe(session, call("get_relations", variable="m." + "x" * 10_000)) == "Observation: []"
+        await session.step(call("get_neighbors", variable="Ann", relation="people.person.films_directed"))
+        for k in range(6):
+            await session.step(call("intersection", variable1=f"#{k}", variable2=f"#{k}"))
+        assert await observe(session, call("get_relations", variable="#6")) == "Observation: [film.film.directed_by]"
         await task.teardown()
     assert methods == ["GET", "POST"]
+
+
+async def test_an_overlong_argument_is_a_tool_error_and_the_session_keeps_nothing_of_it(files):
+    task = KGTask(**files)
+    session, _ = await opened(task)
+    for name, arguments in (("get_relations", {"variable": "m." + "x" * 1000}),
+                            ("get_neighbors", {"variable": "Ann", "relation": "r" * 1001})):
+        assert await observe(session, call(name, **arguments)) == \
+            f"Error processing tool call: an argument may be at most {MAX_ARGUMENT_CHARS} characters"
+    assert session.engine._relations == {}  # nothing of either call is kept
+    assert await observe(session, call("get_relations", variable="m." + "x" * 997)) == "Observation: []"
+    await task.teardown()
 
 
 @pytest.mark.parametrize("second", ["count", "intersection"])
