@@ -151,6 +151,26 @@ async def test_a_costly_query_leaves_the_other_processes_to_the_other_sessions()
     assert backend.pids() == [] and not any(alive(pid) for pid in pids)
 
 
+async def test_with_every_process_busy_a_bystander_waits_only_until_the_costly_query_is_stopped():
+    backend = EmbeddedBackend(EDGES, processes=1, query_timeout=1)
+    ended: list[str] = []
+
+    async def ask(name: str, query: str) -> list[str] | BaseException:
+        try:
+            return await backend.select(query)
+        except QueryTooCostly as e:
+            return e
+        finally:
+            ended.append(name)
+
+    costly = asyncio.ensure_future(ask("costly", CROSS_PRODUCT))
+    await asyncio.sleep(0.5)  # in the only process
+    bystander = await ask("bystander", FIRST)
+    assert isinstance(await costly, QueryTooCostly) and bystander == ["m.a0", "m.a1"]
+    assert ended == ["costly", "bystander"]  # served by the process that replaced the stopped one
+    await backend.close()
+
+
 async def test_a_query_the_store_refuses_is_a_backend_error_and_the_process_stays():
     backend = EmbeddedBackend(EDGES, processes=1)
     pids = backend.pids()
