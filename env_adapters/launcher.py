@@ -22,6 +22,7 @@ process owned by a Ray actor, placed over the cluster by each worker's ``ray`` e
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
 from env_adapters.http import ensure_token_file
+from env_adapters.sandbox.servers import die_with_parent
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,9 @@ class StackStartError(RuntimeError):
 class EnvStack:
     """Start a controller and workers as subprocesses; stop them all on exit (also on exceptions).
 
+    The processes get SIGTERM from the kernel when the thread that started them ends, also when this process is
+    killed: start a stack from a thread that lives as long as the stack (the main one, as ``up`` does).
+
     Args:
         config: A stack config dict or the path of a YAML file (see the module docstring).
         startup_timeout: Seconds to wait for the controller and every worker to register.
@@ -150,10 +155,13 @@ class EnvStack:
     def _spawn(self, label: str, args: list[str], placement: RayPlacement | None = None) -> subprocess.Popen:
         """Start ``agentrl-env ARGS`` as process ``label`` (``placement`` is for launchers that place processes)."""
         cmd = [*self.command, *args]
+        # SIGTERM (the tasks tear down) when the thread that starts it ends, also when this process is SIGKILLed.
+        owned = functools.partial(die_with_parent, signal.SIGTERM)
         if self.inherit:
-            return subprocess.Popen(cmd)
+            return subprocess.Popen(cmd, preexec_fn=owned)
         with open(self.log_dir / f"{label}.log", "ab") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=owned)
 
     def _tail(self, label: str, lines: int = 15) -> str:
         path = self.log_dir / f"{label}.log"
