@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -194,6 +195,7 @@ def test_a_demo_killed_outright_takes_its_rl_run_with_it(tmp_path):
         run = " ".join(cmd)  # the run's command line (the owner's names the list, not this)
         while not _leftovers(run):  # the run has started, and so has been told
             time.sleep(0.2)
+        group = os.getpgid(int(_leftovers(run)[0].split(":")[0]))
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 60  # a hang guard: it goes at once
@@ -204,6 +206,9 @@ def test_a_demo_killed_outright_takes_its_rl_run_with_it(tmp_path):
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+        # The fake run's own child (a real run's Ray processes go with its driver, as Ray fate-shares them).
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path):
