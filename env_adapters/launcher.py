@@ -22,7 +22,6 @@ process owned by a Ray actor, placed over the cluster by each worker's ``ray`` e
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
 from env_adapters.http import ensure_token_file
-from env_adapters.sandbox.servers import die_with_parent
+from env_adapters.sandbox.servers import term_with_parent
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
 logger = logging.getLogger(__name__)
@@ -156,12 +155,11 @@ class EnvStack:
         """Start ``agentrl-env ARGS`` as process ``label`` (``placement`` is for launchers that place processes)."""
         cmd = [*self.command, *args]
         # SIGTERM (the tasks tear down) when the thread that starts it ends, also when this process is SIGKILLed.
-        owned = functools.partial(die_with_parent, signal.SIGTERM)
         if self.inherit:
-            return subprocess.Popen(cmd, preexec_fn=owned)
+            return subprocess.Popen(cmd, preexec_fn=term_with_parent)
         with open(self.log_dir / f"{label}.log", "ab") as log:
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=owned)
+                                    preexec_fn=term_with_parent)
 
     def _tail(self, label: str, lines: int = 15) -> str:
         path = self.log_dir / f"{label}.log"

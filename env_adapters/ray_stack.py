@@ -23,10 +23,8 @@ since its processes talk across hosts.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -37,7 +35,7 @@ from typing import Any
 from env_adapters.http import is_loopback
 from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError
 from env_adapters.sandbox.containers import docker_available
-from env_adapters.sandbox.servers import die_with_parent
+from env_adapters.sandbox.servers import term_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +73,7 @@ class ProcessHost:
                                      stdin=subprocess.DEVNULL, text=True, errors="replace",
                                      # SIGTERM when the actor dies, however it dies, so its task tears down (the
                                      # signal follows the forking thread: an actor runs on its main one).
-                                     preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+                                     preexec_fn=term_with_parent)
         self._reader = threading.Thread(target=self._relay_output, daemon=True)
         self._reader.start()
         threading.Thread(target=self._exit_with_process, daemon=True).start()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -61,7 +60,7 @@ from agentrl_verl.harness.warmup_cache import cached_warmup
 from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
 from env_adapters.sandbox.containers import docker_available
-from env_adapters.sandbox.servers import die_with_parent
+from env_adapters.sandbox.servers import term_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +346,7 @@ def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s:
         # SIGTERM from the kernel if the demo dies without stopping it (SIGKILLed): verl shuts Ray down.
         proc = subprocess.Popen(cmd, env={**rl_environment(metrics_file), vllm_cpu.RUN_ID_ENV: run_id},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                cwd=out, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+                                cwd=out, preexec_fn=term_with_parent)
 
         def watch() -> None:  # a thread, since a hung run prints nothing the loop below could react to
             while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s:

@@ -51,6 +51,11 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def term_with_parent() -> None:
+    """:func:`die_with_parent` with SIGTERM, for a child that must tear down (a task worker, a trainer)."""
+    die_with_parent(signal.SIGTERM)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (also one of another user)."""
     try:

@@ -191,10 +191,12 @@ def test_a_demo_killed_outright_takes_its_rl_run_with_it(tmp_path):
     cmd = _fake_run(tmp_path, "time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", "import sys; from agentrl_verl.harness.demo import run_rl; "
                               f"run_rl({cmd!r}, __import__('pathlib').Path({str(tmp_path)!r}), ['calc'], 3, 600)"])
+    group = None
     try:
         run = " ".join(cmd)  # the run's command line (the owner's names the list, not this)
-        while not _leftovers(run):  # the run has started, and so has been told
+        while not _leftovers(run) and owner.poll() is None:  # the run has started, and so has been told
             time.sleep(0.2)
+        assert _leftovers(run), "the run did not start"
         group = os.getpgid(int(_leftovers(run)[0].split(":")[0]))
         owner.kill()
         owner.wait()
@@ -207,8 +209,9 @@ def test_a_demo_killed_outright_takes_its_rl_run_with_it(tmp_path):
             owner.kill()
             owner.wait()
         # The fake run's own child (a real run's Ray processes go with its driver, as Ray fate-shares them).
-        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
-            os.killpg(group, signal.SIGKILL)
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
 
 
 def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path):
