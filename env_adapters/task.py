@@ -12,9 +12,18 @@ three methods, plain functions. The worker runs them in its bounded thread pool 
 an occasional blocking call awaits :func:`run_blocking` for the same effect. A cancel cannot interrupt a call
 running in a thread: the session ends at once for the client, and ``close`` runs when that call has returned.
 
-Adding a task family::
+Adding a task family whose episodes are tool calls (:class:`ToolSession`: one method per tool)::
 
     TOOLS = [function_tool("act", "Do something", {"x": {"type": "string"}})]  # sent by reset (StepResult.tools)
+
+    class MySession(ToolSession):
+        tools, no_call_hint, max_rounds = TOOLS, "the message has no tool call; call act", 8
+
+        async def reset(self):
+            return StepResult(messages=[{"role": "user", "content": "Do it."}], tools=TOOLS)
+
+        async def tool_act(self, call):
+            return StepResult(status=SampleStatus.COMPLETED, reward=float(call.arguments["x"] == "it"))
 
     @register_task("my_task")
     class MyTask(Task):
@@ -22,7 +31,7 @@ Adding a task family::
             return list(range(10))
 
         async def start_session(self, index, custom_task=None):
-            return MySession(...)
+            return MySession()
 """
 
 from __future__ import annotations
@@ -299,6 +308,46 @@ def assistant_tool_call(name: str, arguments: dict[str, Any], call_id: str = "ca
 def tool_reply(call: ToolCall, content: str) -> Message:
     """The environment's answer to one tool call."""
     return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+class ToolSession(Session):
+    """A session whose step runs the message's tool calls in order: a new family is its tools as ``tool_<name>``.
+
+    Each step counts a round and parses the calls with :func:`parse_tool_calls` (a malformed one is
+    ``agent invalid action``; so is a message without a call, with :attr:`no_call_hint` as the reason). A tool method
+    ``async def tool_<name>(self, call) -> str | StepResult`` returns the reply's text, and the step goes on with the
+    next call, or a :class:`StepResult` that ends the episode (the replies so far come before its messages). After
+    the last call the session goes on, or ends ``task limit reached`` once :attr:`rounds` reaches :attr:`max_rounds`.
+    Families whose upstream reads calls its own way (``kg``, ``webshop``, ``alfworld``) implement ``step`` themselves.
+    """
+
+    tools: list[ToolSchema]
+    """The family's tool schemas (what :meth:`reset` sends)."""
+    no_call_hint: str
+    """Why a message without a tool call is refused, naming the tools to call."""
+    max_rounds: int
+    """Assistant messages allowed per episode."""
+    rounds: int = 0
+    """Assistant messages so far."""
+
+    def step_metrics(self) -> dict[str, Any]:
+        """The session's metrics, sent with every step's result."""
+        return {"rounds": self.rounds}
+
+    async def step(self, message: Message) -> StepResult:
+        self.rounds += 1
+        calls = parse_tool_calls(message, self.tools)
+        if not calls:
+            raise InvalidAction(self.no_call_hint)
+        replies = []
+        for call in calls:
+            outcome = await getattr(self, f"tool_{call.name}")(call)
+            if isinstance(outcome, StepResult):
+                outcome.messages[:0] = replies
+                return outcome
+            replies.append(tool_reply(call, outcome))
+        status = SampleStatus.TASK_LIMIT_REACHED if self.rounds >= self.max_rounds else SampleStatus.RUNNING
+        return StepResult(replies, status, 0.0, self.step_metrics())
 
 
 # ---- registry ------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ class ImageSpec:
         return f"{self.name}:{self.content_hash()}"
 
 
-# Image specs by key. Task families map their flavours onto these keys (see tasks/os_interaction.py).
+# Image specs by key. Task families map their flavours onto these keys (see tasks/os_interaction/task.py).
 IMAGES: dict[str, ImageSpec] = {
     "os-default": ImageSpec("agentrl-os-default", _OS_PACKAGES, "os-default.Dockerfile"),
     "os-ubuntu": ImageSpec("agentrl-os-ubuntu", (), "os-ubuntu.Dockerfile", default=False),

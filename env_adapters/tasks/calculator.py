@@ -19,16 +19,14 @@ from typing import Any
 
 from env_adapters.protocol import Index, Message, SampleStatus
 from env_adapters.task import (
-    InvalidAction,
-    Session,
     StepResult,
     Task,
     TaskError,
+    ToolCall,
+    ToolSession,
     assistant_tool_call,
     function_tool,
-    parse_tool_calls,
     register_task,
-    tool_reply,
 )
 
 PHRASINGS = {
@@ -126,40 +124,38 @@ def step_latency_sampler(spec: dict[str, Any] | None, rng: random.Random):
     return sample
 
 
-class CalcSession(Session):
+class CalcSession(ToolSession):
+    tools = TOOLS
+    no_call_hint = "the message has no tool call; call calculate or submit"
+
     def __init__(self, problem: Problem, prompt: str, max_rounds: int, latency) -> None:
         self.problem, self.prompt, self.max_rounds, self.latency = problem, prompt, max_rounds, latency
-        self.rounds = 0
         self.calculate_calls = 0
 
-    def _metrics(self) -> dict[str, Any]:
+    def step_metrics(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "calculate_calls": self.calculate_calls}
 
     async def reset(self) -> StepResult:
-        return StepResult(messages=[{"role": "user", "content": self.prompt}], tools=TOOLS, metrics=self._metrics())
+        return StepResult(messages=[{"role": "user", "content": self.prompt}], tools=TOOLS,
+                          metrics=self.step_metrics())
 
     async def step(self, message: Message) -> StepResult:
         delay = self.latency()
         if delay > 0:
             await asyncio.sleep(delay)
-        self.rounds += 1
-        calls = parse_tool_calls(message, TOOLS)
-        if not calls:
-            raise InvalidAction("the message has no tool call; call calculate or submit")
-        replies = []
-        for call in calls:
-            if call.name == "submit":
-                correct = str(call.arguments["answer"]).strip() == str(self.problem.result)
-                reward = 1.0 if correct and self.calculate_calls > 0 else 0.0
-                return StepResult(replies, SampleStatus.COMPLETED, reward, self._metrics())
-            self.calculate_calls += 1
-            try:
-                content = str(evaluate(str(call.arguments["expression"])))
-            except ValueError as e:
-                content = f"error: {e}"
-            replies.append(tool_reply(call, content))
-        status = SampleStatus.TASK_LIMIT_REACHED if self.rounds >= self.max_rounds else SampleStatus.RUNNING
-        return StepResult(replies, status, 0.0, self._metrics())
+        return await super().step(message)
+
+    async def tool_calculate(self, call: ToolCall) -> str:
+        self.calculate_calls += 1
+        try:
+            return str(evaluate(str(call.arguments["expression"])))
+        except ValueError as e:
+            return f"error: {e}"
+
+    async def tool_submit(self, call: ToolCall) -> StepResult:
+        correct = str(call.arguments["answer"]).strip() == str(self.problem.result)
+        reward = 1.0 if correct and self.calculate_calls > 0 else 0.0
+        return StepResult([], SampleStatus.COMPLETED, reward, self.step_metrics())
 
 
 @register_task("calc")
@@ -195,7 +191,7 @@ class CalculatorTask(Task):
             return assistant_tool_call("calculate", {"expression": f"{problem.a}{problem.op}{problem.b}"})
         return assistant_tool_call("submit", {"answer": tool_replies[-1]["content"].strip()})
 
-    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> Session:
+    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> CalcSession:
         if index == -1 and custom_task is not None:
             try:
                 problem = Problem(int(custom_task["a"]), int(custom_task["b"]), str(custom_task.get("op", "+")))

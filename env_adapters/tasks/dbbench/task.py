@@ -28,16 +28,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from env_adapters.protocol import Index, Message, SampleStatus
+from env_adapters.protocol import Index, SampleStatus
 from env_adapters.task import (
-    InvalidAction,
-    Session,
     StepResult,
     Task,
     TaskError,
     ToolCall,
+    ToolSession,
     function_tool,
-    parse_tool_calls,
     register_task,
     tool_reply,
 )
@@ -91,8 +89,11 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "[TRUNCATED]"
 
 
-class DBBenchSession(Session):
+class DBBenchSession(ToolSession):
     """One DBBench episode on its own database."""
+
+    tools = TOOLS
+    no_call_hint = "the message calls no tool; call execute_sql or commit_final_answer"
 
     def __init__(self, task: DBBenchTask, item: dict[str, Any]) -> None:
         self.task = task
@@ -100,7 +101,7 @@ class DBBenchSession(Session):
         self.tables = tables_of(item)
         self.db: Database | None = None
         self.server_starts = 0
-        self.rounds = 0
+        self.max_rounds = task.max_rounds
         self.metrics: dict[str, Any] = {"sql_statements": 0, "sql_errors": 0, "sql_timeouts": 0}
 
     async def reset(self) -> StepResult:
@@ -109,20 +110,12 @@ class DBBenchSession(Session):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(self.item)}]
         return StepResult(messages=messages, tools=TOOLS)
 
-    async def step(self, message: Message) -> StepResult:
-        self.rounds += 1
+    def step_metrics(self) -> dict[str, Any]:
         self.metrics["rounds"] = self.rounds
-        calls = parse_tool_calls(message, TOOLS)
-        if not calls:
-            raise InvalidAction("the message calls no tool; call execute_sql or commit_final_answer")
-        replies = []
-        for call in calls:
-            if call.name == "commit_final_answer":
-                return await self._commit(call, replies)
-            replies.append(tool_reply(call, await self._execute(call.arguments["query"])))
-        if self.rounds >= self.task.max_rounds:
-            return StepResult(messages=replies, status=SampleStatus.TASK_LIMIT_REACHED, metrics=self.metrics)
-        return StepResult(messages=replies, metrics=self.metrics)
+        return self.metrics
+
+    async def tool_execute_sql(self, call: ToolCall) -> str:
+        return await self._execute(call.arguments["query"])
 
     async def _execute(self, sql: Any) -> str:
         if not isinstance(sql, str) or not sql.strip():
@@ -144,7 +137,7 @@ class DBBenchSession(Session):
             raise TaskError(f"db task: {e}") from e
         return truncate(text, self.task.max_output_chars)
 
-    async def _commit(self, call: ToolCall, replies: list[Message]) -> StepResult:
+    async def tool_commit_final_answer(self, call: ToolCall) -> StepResult:
         answers = call.arguments["answers"]
         if is_hash_scored(self.item):
             try:
@@ -159,9 +152,8 @@ class DBBenchSession(Session):
         else:
             correct = answers_match(answers, self.item["label"])
         self.metrics["correct"] = correct
-        replies.append(tool_reply(call, "Answer committed."))
-        return StepResult(messages=replies, status=SampleStatus.COMPLETED, reward=float(correct),
-                          metrics=self.metrics)
+        return StepResult(messages=[tool_reply(call, "Answer committed.")], status=SampleStatus.COMPLETED,
+                          reward=float(correct), metrics=self.step_metrics())
 
     async def _check_server(self, cause: Exception | None) -> None:
         """Raise TaskError if the server died (and perhaps came back, maybe without the latest changes) since the
@@ -320,7 +312,7 @@ class DBBenchTask(Task):
             self.server.stop()
             self.server = None
 
-    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> Session:
+    async def start_session(self, index: Index, custom_task: dict[str, Any] | None = None) -> DBBenchSession:
         if index == -1 and custom_task is not None:
             try:
                 item = validate_item(custom_task)
