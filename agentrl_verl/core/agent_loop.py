@@ -47,6 +47,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import AGENT_NAME, AgentConfig, EnvConfig, agentrl_config, with_overrides
 from agentrl_verl.core.cross_policy import TurnLog, current_policy_versions
+from agentrl_verl.core.episode import EpisodeRecord
 from env_adapters.client import EnvClient, EnvRequestError, EnvUnavailable
 from env_adapters.protocol import Message, SampleStatus, ToolSchema
 
@@ -371,23 +372,23 @@ class AgentRLAgentLoop(AgentLoopBase):
         versions = current_policy_versions(episode.turn_global_steps, episode.turn_log.policies)
         # A trajectory without such turns has no weight version: use the one current at its step.
         fallback_version = int(kwargs.get("global_steps", 1)) - 1
-        extra_fields = {
-            "task": episode.task,
-            "status": episode.status.value,
-            "reward": reward,
-            "turns": episode.turns,
-            "env_reward": episode.env_reward,
-            "env_latency_s": episode.env_latency_s,
-            "generated_tokens": episode.generated_tokens,
-            "env_tokens": episode.env_tokens,
-            "turn_global_steps": episode.turn_global_steps,
-            "resumed_turns": episode.resumed_turns,
-            "env_retries": env_retries,  # attempts the environment lost before this one
-            "env_unavailable_s": env_unavailable_s,  # from the first loss to the attempt that went through
-            **episode.turn_log.to_extra_fields(),
-            "min_global_steps": min(versions, default=fallback_version),
-            "max_global_steps": max(versions, default=fallback_version),
-        }
+        record = EpisodeRecord(
+            task=episode.task,
+            status=episode.status.value,
+            reward=reward,
+            env_reward=episode.env_reward,
+            turns=episode.turns,
+            env_latency_s=episode.env_latency_s,
+            generated_tokens=episode.generated_tokens,
+            env_tokens=episode.env_tokens,
+            resumed_turns=episode.resumed_turns,
+            env_retries=env_retries,
+            env_unavailable_s=env_unavailable_s,
+            turn_global_steps=episode.turn_global_steps,
+            min_global_steps=min(versions, default=fallback_version),
+            max_global_steps=max(versions, default=fallback_version),
+            turn_fields=episode.turn_log.to_extra_fields(),
+        )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -396,7 +397,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             reward_score=reward,
             num_turns=len(episode.messages),
             metrics=AgentLoopMetrics(generate_sequences=episode.generate_s, tool_calls=episode.env_latency_s),
-            extra_fields=extra_fields,
+            extra_fields=record.to_extra_fields(),
         )
 
 

@@ -45,6 +45,7 @@ from agentrl_verl.core.cross_policy import (
     stale_refresh_due,
     training_pool,
 )
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.core.verl_seam import batch_fields
 
 logger = logging.getLogger(__name__)
@@ -237,11 +238,12 @@ class CrossPolicyTrainerMixin:
             metrics.update(self._cross_policy_metrics(batch, global_steps))
 
     def _cross_policy_metrics(self, batch: Any, global_steps: int) -> dict[str, float]:
-        data = batch_fields(batch, "extra_fields", "rm_scores", "rollout_log_probs")
+        data = batch_fields(batch, "extra_fields", "rollout_log_probs")
         extras = data["extra_fields"]
+        records = [EpisodeRecord.from_extra_fields(extra) for extra in extras]
         metrics = cross_policy_metrics(
             [extra.get(TURN_POLICIES_KEY, []) for extra in extras],
-            [sum(scores) > 0 for scores in data["rm_scores"]],
+            [record is not None and record.success for record in records],
             members=(CURRENT, self.stale_pool.name),
             turn_versions=[extra.get(TURN_VERSIONS_KEY, []) for extra in extras],
             actor_version=global_steps - 1,  # the weights that generated this step's batch in synchronous mode

@@ -43,6 +43,7 @@ from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
 from agentrl_verl.core.advantage import task_norm_grpo_advantage
 from agentrl_verl.core.config import ESTIMATOR_NAME, AgentRLConfig, TaskAdvNorm, validate_run_config
 from agentrl_verl.core.env_launch import start_env_stack
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.core.policy_pool import CrossPolicyTrainerMixin
 from agentrl_verl.core.verl_seam import batch_fields
 
@@ -119,28 +120,27 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
 
     Returns:
         ``{prefix}/{task}/{name}`` and ``{prefix}/all/{name}`` for name in ``reward``, ``success_rate``
-        (status ``completed`` with a positive environment reward), ``turns``, ``generated_tokens``,
+        (:func:`~agentrl_verl.core.episode.is_success`), ``turns``, ``generated_tokens``,
         ``env_tokens``, ``env_latency_s`` (means), ``episodes``, ``env_retries`` (attempts the environment lost,
         played again), ``env_unavailable_s`` (the longest an episode waited for the environment) and
         ``status/<status>`` (counts, spaces as ``_``).
     """
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for extra in extras:
-        if isinstance(extra, dict) and "task" in extra:
-            groups[str(extra["task"])].append(extra)
-            groups["all"].append(extra)
+    groups: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    for record in map(EpisodeRecord.from_extra_fields, extras):
+        if record is not None:
+            groups[record.task].append(record)
+            groups["all"].append(record)
     metrics: dict[str, float] = {}
     for task, rows in groups.items():
         base = f"{prefix}/{task}"
         metrics[f"{base}/episodes"] = float(len(rows))
-        metrics[f"{base}/success_rate"] = float(np.mean(
-            [r["status"] == "completed" and float(r.get("env_reward", 0.0)) > 0 for r in rows]))
+        metrics[f"{base}/success_rate"] = float(np.mean([r.success for r in rows]))
         for name in ("reward", "turns", "generated_tokens", "env_tokens", "env_latency_s"):
-            metrics[f"{base}/{name}"] = float(np.mean([float(r.get(name, 0.0)) for r in rows]))
+            metrics[f"{base}/{name}"] = float(np.mean([float(getattr(r, name)) for r in rows]))
         # Environment losses: episodes played again on the same prompt, and the longest wait for the environment.
-        metrics[f"{base}/env_retries"] = float(sum(int(r.get("env_retries", 0)) for r in rows))
-        metrics[f"{base}/env_unavailable_s"] = float(max(float(r.get("env_unavailable_s", 0.0)) for r in rows))
-        for status, count in Counter(str(r["status"]) for r in rows).items():
+        metrics[f"{base}/env_retries"] = float(sum(r.env_retries for r in rows))
+        metrics[f"{base}/env_unavailable_s"] = float(max(r.env_unavailable_s for r in rows))
+        for status, count in Counter(r.status for r in rows).items():
             metrics[f"{base}/status/{status.replace(' ', '_')}"] = float(count)
     return metrics
 

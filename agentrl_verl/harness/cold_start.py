@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from env_adapters.protocol import Index, Message, SampleStatus, ToolSchema
+from agentrl_verl.core.episode import is_success
+from env_adapters.protocol import Index, Message, ToolSchema
 from env_adapters.task import Task, get_task_class, open_session
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Episode:
 
     @property
     def success(self) -> bool:
-        return self.status == SampleStatus.COMPLETED.value and self.reward >= 1.0
+        return is_success(self.status, self.reward)
 
 
 async def _demonstrate(task: Task, family: str, index: Index, expert: Expert, max_turns: int) -> Episode:

@@ -38,6 +38,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import CrossPolicyConfig, Endpoint, agentrl_config
 from agentrl_verl.core.cross_policy import TURN_POLICIES_KEY, PolicyRouter, cross_policy_metrics
+from agentrl_verl.core.episode import EpisodeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +161,15 @@ async def evaluate(
     finally:
         await asyncio.gather(*[client.aclose() for client in clients.values()])
     names = [e.name for e in cfg.endpoints]
+    successes = [EpisodeRecord.from_extra_fields(out.extra_fields).success for out in outputs]
     metrics = cross_policy_metrics(
         [out.extra_fields.get(TURN_POLICIES_KEY, []) for out in outputs],
-        [out.reward_score is not None and out.reward_score > 0 for out in outputs],
+        successes,
         stale_members=names[1:],  # "stale share" = share of turns not from the first (reference) endpoint
         members=names,
         prefix="eval",
     )
-    metrics["eval/success_rate"] = sum((out.reward_score or 0) > 0 for out in outputs) / max(len(outputs), 1)
+    metrics["eval/success_rate"] = sum(successes) / max(len(outputs), 1)
     metrics["eval/episodes"] = float(len(outputs))
     return metrics, outputs
 
@@ -272,12 +274,12 @@ class EvalResult:
 
 
 def episode_record(output: Any, tokenizer: Any, row: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON-ready record of one episode (an agent loop output): a success is a ``completed`` status with reward 1."""
-    extra = output.extra_fields
+    """A JSON-ready record of one episode (an agent loop output), its success by
+    :func:`~agentrl_verl.core.episode.is_success`."""
+    record = EpisodeRecord.from_extra_fields(output.extra_fields)
     return {
-        "task": str(row["data_source"]), "index": row["extra_info"]["index"], "status": extra["status"],
-        "reward": float(extra["env_reward"]), "turns": int(extra["turns"]),
-        "success": extra["status"] == "completed" and float(extra["env_reward"]) >= 1.0,
+        "task": str(row["data_source"]), "index": row["extra_info"]["index"], "status": record.status,
+        "reward": float(record.env_reward), "turns": int(record.turns), "success": record.success,
         "text": tokenizer.decode(list(output.prompt_ids) + list(output.response_ids)),
     }
 
