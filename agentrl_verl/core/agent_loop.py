@@ -111,7 +111,6 @@ class Episode:
     generate_s: float = 0.0
     generated_tokens: int = 0
     env_tokens: int = 0
-    turn_global_steps: list[int | None] = field(default_factory=list)
     resumed_turns: int = 0  # turns interrupted by a weight update and finished on the new weights
     # Cross-policy sampling: which pool member and weight version produced each turn (agentrl_verl.core.cross_policy).
     turn_log: TurnLog = field(default_factory=TurnLog)
@@ -306,9 +305,8 @@ class AgentRLAgentLoop(AgentLoopBase):
         episode.turns += 1
         episode.generated_tokens += len(output.token_ids)
         # A generation aborted at a weight update and resumed on the new weights (agentrl.async.interrupt) holds
-        # tokens of two versions: the oldest is the turn's version, so the staleness bound covers all its tokens.
+        # tokens of two versions; the turn log keeps the oldest (cross_policy.started_on).
         oldest, newest = output.extra_fields.get("min_global_steps"), output.extra_fields.get("max_global_steps")
-        episode.turn_global_steps.append(output.extra_fields.get("global_steps") if oldest is None else oldest)
         if oldest is not None and oldest != newest:
             episode.resumed_turns += 1
         episode.turn_log.record(output.extra_fields, start=turn_start, num_tokens=len(mask) - turn_start)
@@ -369,7 +367,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             response_ids, mask, logprobs = [self.eos_token_id], [0], [0.0]
         completed = episode.status is SampleStatus.COMPLETED
         reward = episode.env_reward if completed else self.options.penalty
-        versions = current_policy_versions(episode.turn_global_steps, episode.turn_log.policies)
+        versions = current_policy_versions(episode.turn_log.versions, episode.turn_log.policies)
         # A trajectory without such turns has no weight version: use the one current at its step.
         fallback_version = int(kwargs.get("global_steps", 1)) - 1
         record = EpisodeRecord(
@@ -384,7 +382,6 @@ class AgentRLAgentLoop(AgentLoopBase):
             resumed_turns=episode.resumed_turns,
             env_retries=env_retries,
             env_unavailable_s=env_unavailable_s,
-            turn_global_steps=episode.turn_global_steps,
             min_global_steps=min(versions, default=fallback_version),
             max_global_steps=max(versions, default=fallback_version),
             turn_fields=episode.turn_log.to_extra_fields(),

@@ -43,15 +43,25 @@ OFF_POLICY = frozenset({STALE, FIXED})
 POLICY_KEY = "policy"
 """TokenOutput extra field: pool member that generated the turn."""
 POLICY_VERSION_KEY = "policy_version"
-"""TokenOutput extra field: weight version (training step of the weights) of the server that generated the turn."""
+"""TokenOutput extra field: weight version (training step of the weights) the turn started on; None for a fixed
+model."""
 TURN_POLICIES_KEY = "turn_policies"
 """Sample extra field: pool member of every generated turn, in order."""
 TURN_VERSIONS_KEY = "turn_versions"
-"""Sample extra field: weight version of every generated turn (None where the server reports none)."""
+"""Sample extra field: the weight version every generated turn started on (None for a fixed model's turns and where
+the server reports none): the one per-turn version list, read by the staleness bound and the cross-policy lag."""
 TURN_SPANS_KEY = "turn_spans"
 """Sample extra field: ``[start, end)`` of every generated turn in the response token list."""
 STALE_TURN_SHARE_KEY = "stale_turn_share"
 """Sample extra field: fraction of the trajectory's generated turns that came from a stale member."""
+
+
+def started_on(output_extra_fields: Mapping[str, Any]) -> int | None:
+    """The weight version a turn started on, from its server's ``TokenOutput.extra_fields``: a generation aborted at
+    a weight update and resumed on the new weights (``agentrl.async.interrupt``) reports the range it spans
+    (``min_global_steps``), and its oldest version covers all its tokens; otherwise ``global_steps``."""
+    oldest = output_extra_fields.get("min_global_steps")
+    return output_extra_fields.get("global_steps") if oldest is None else oldest
 
 
 def training_pool(stale_ratio: float, other: str = STALE) -> dict[str, float]:
@@ -129,7 +139,7 @@ class TurnLog:
 
         Args:
             output_extra_fields: ``TokenOutput.extra_fields`` of the turn (``policy``, ``policy_version``; a
-                server without a pool reports neither, and the turn counts as ``current``).
+                server without a pool reports neither: the turn counts as ``current``, at :func:`started_on`).
             start: Index of the turn's first token in the response token list.
             num_tokens: Number of tokens the turn added.
 
@@ -140,7 +150,7 @@ class TurnLog:
             raise ValueError(f"num_tokens={num_tokens} must be >= 0")
         if self.spans and start < self.spans[-1][1]:
             raise ValueError(f"turn starting at token {start} overlaps the previous turn {self.spans[-1]}")
-        version = output_extra_fields.get(POLICY_VERSION_KEY, output_extra_fields.get("global_steps"))
+        version = output_extra_fields.get(POLICY_VERSION_KEY, started_on(output_extra_fields))
         self.policies.append(str(output_extra_fields.get(POLICY_KEY, CURRENT)))
         self.versions.append(None if version is None else int(version))
         self.spans.append((start, start + num_tokens))

@@ -42,10 +42,10 @@ class EpisodeRecord:
         resumed_turns: Turns interrupted by a weight update and finished on the new weights.
         env_retries: Attempts the environment lost before this one (each played again on the same prompt).
         env_unavailable_s: Seconds from the first loss to the attempt that went through.
-        turn_global_steps: Per generated turn, the weight version it started on (None where the server reports none).
         min_global_steps: Oldest weight version of the trained policy's turns (the staleness bound's input).
         max_global_steps: Newest weight version of the trained policy's turns.
-        turn_fields: The cross-policy turn log (:meth:`agentrl_verl.core.cross_policy.TurnLog.to_extra_fields`).
+        turn_fields: The turn log (:meth:`agentrl_verl.core.cross_policy.TurnLog.to_extra_fields`): per generated
+            turn its pool member, the weight version it started on and its tokens.
     """
 
     task: str
@@ -59,7 +59,6 @@ class EpisodeRecord:
     resumed_turns: int = 0
     env_retries: int = 0
     env_unavailable_s: float = 0.0
-    turn_global_steps: list[int | None] = field(default_factory=list)
     min_global_steps: int | None = None
     max_global_steps: int | None = None
     turn_fields: dict[str, Any] = field(default_factory=dict)

@@ -43,6 +43,7 @@ from agentrl_verl.core.cross_policy import (
     PolicyRouter,
     cross_policy_metrics,
     stale_refresh_due,
+    started_on,
     training_pool,
 )
 from agentrl_verl.core.episode import EpisodeRecord
@@ -93,7 +94,7 @@ class PolicyPoolClient(LLMServerClient):
         )
         output.extra_fields[POLICY_KEY] = name
         fixed = name in self.fixed_members
-        output.extra_fields[POLICY_VERSION_KEY] = None if fixed else output.extra_fields.get("global_steps")
+        output.extra_fields[POLICY_VERSION_KEY] = None if fixed else started_on(output.extra_fields)
         return output
 
 

@@ -158,7 +158,7 @@ async def test_completed_episode_exact_tokens(tokenizer):
     assert out.extra_fields["task"] == "os-std"
     assert out.extra_fields["generated_tokens"] == sum(map(len, server.outputs))
     assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 3
-    assert out.extra_fields["turn_global_steps"] == [3, 3]
+    assert out.extra_fields["turn_versions"] == [3, 3]
     assert all(p["logprobs"] is True and p["temperature"] == 1.0 for p in server.sampling_params)
 
 
@@ -291,7 +291,7 @@ async def test_version_range_counts_only_the_trained_policys_turns(tokenizer):
                        InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("2")]),
                        InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
     out = await _loop(tokenizer, server, env).run({}, **_row())
-    assert out.extra_fields["turn_global_steps"] == [5, 0, 6]
+    assert out.extra_fields["turn_versions"] == [5, 0, 6]
     assert out.extra_fields["turn_policies"] == ["current", "stale", "current"]
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 6)
 
@@ -312,5 +312,5 @@ async def test_a_resumed_turn_takes_its_oldest_version_and_is_counted(tokenizer)
                        InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
     out = await _loop(tokenizer, server, env).run({}, **_row())
     # Its first tokens came from version 3: the staleness bound must see 3, not the version that finished it.
-    assert out.extra_fields["turn_global_steps"] == [3, 3]
+    assert out.extra_fields["turn_versions"] == [3, 3]
     assert out.extra_fields["resumed_turns"] == 1

@@ -118,9 +118,9 @@ def test_the_sampler_stops_a_run_whose_every_episode_raises(monkeypatch):
 
 
 def test_turn_versions_leave_out_cross_policy_members():
-    extra = {"turn_global_steps": [5, 0, None, 6], "turn_policies": ["current", "stale", "current", "current"]}
+    extra = {"turn_versions": [5, 0, None, 6], "turn_policies": ["current", "stale", "current", "current"]}
     assert async_trainer._turn_versions(extra) == [5, 6]
-    assert async_trainer._turn_versions({"turn_global_steps": [2, 3]}) == [2, 3]  # no pool: all turns count
+    assert async_trainer._turn_versions({"turn_versions": [2, 3]}) == [2, 3]  # no pool: all turns count
     assert async_trainer._turn_versions({}) == []
 
 

@@ -15,6 +15,7 @@ from agentrl_verl.core.cross_policy import (
     cross_policy_metrics,
     stale_refresh_due,
     stale_version,
+    started_on,
     training_pool,
 )
 
@@ -133,10 +134,15 @@ def test_turn_log_defaults_and_errors():
     assert log.stale_share == 0.0
     log.record({"global_steps": 7}, start=0, num_tokens=2)  # a plain verl server: current, version from global_steps
     assert (log.policies, log.versions) == ([CURRENT], [7])
+    # A turn aborted at a weight update and resumed on the new weights: the version it started on covers its tokens.
+    resumed = {"global_steps": 8, "min_global_steps": 7, "max_global_steps": 8}
+    assert started_on(resumed) == 7 and started_on({"global_steps": 8}) == 8 and started_on({}) is None
+    log.record(resumed, start=2, num_tokens=1)
+    assert log.versions == [7, 7]
     with pytest.raises(ValueError, match="overlaps"):
-        log.record({}, start=1, num_tokens=1)
+        log.record({}, start=2, num_tokens=1)
     with pytest.raises(ValueError, match="exceeds the response length"):
-        log.token_policies(1)
+        log.token_policies(2)
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 25])

@@ -13,7 +13,7 @@ def _record(**changes) -> EpisodeRecord:
     log = TurnLog()
     log.record({"policy": "current", "policy_version": 3}, start=0, num_tokens=5)
     fields = {"task": "webshop", "status": "completed", "reward": 0.5, "env_reward": 0.5, "turns": 1,
-              "turn_global_steps": [3], "min_global_steps": 3, "max_global_steps": 3,
+              "min_global_steps": 3, "max_global_steps": 3,
               "turn_fields": log.to_extra_fields(), **changes}
     return EpisodeRecord(**fields)
 
