@@ -67,7 +67,7 @@ from agentrl_verl.harness.demo import (
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
-from bench.async_vs_sync import mean_and_se, run_processes, saved_record
+from bench.common import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
@@ -433,8 +433,8 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
                  fixed: Path | None = None) -> None:
     """Run every job not done yet under ``workdir`` in its own process, ``--parallel`` at once. A child gets this
     command line with its own ``--arms``, ``--seeds``, ``--out``, ``--model`` and ``--fixed-model`` (the last
-    occurrence of an option wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs (:func:`cpu_shares`),
-    handed to the next run when it ends.
+    occurrence of an option wins) and ``--parallel 1``; with ``--pin``, a share of the CPUs
+    (:func:`bench.common.cpu_shares`), handed to the next run when it ends.
 
     Raises:
         RuntimeError: a child failed (the others ran to their end; see its ``bench.log``).

@@ -37,7 +37,7 @@ from typing import Any
 from agentrl_verl.harness.demo import DemoConfig, load_demo_config
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.tools.compare import paired_changes, sign_test_p
-from bench.async_vs_sync import mean_and_se, run_processes
+from bench.common import mean_and_se, run_processes
 
 logger = logging.getLogger("bench.demo_seeds")
 

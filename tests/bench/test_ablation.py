@@ -35,7 +35,7 @@ from bench.ablation import (
     workload,
     write_run,
 )
-from bench.async_vs_sync import cpu_shares, saved_record
+from bench.common import cpu_shares, saved_record
 
 
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
@@ -318,7 +318,7 @@ def test_run_children_starts_only_the_runs_not_done(tmp_path, monkeypatch):
                                                                                                         model)})
     _FinishedChild.launched = []
     monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
-    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
+    monkeypatch.setattr("bench.common.time.sleep", lambda s: None)  # run_processes polls
     run_children(args, argv, tmp_path, model)
     launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
     assert [(a.arms, a.seeds, a.parallel) for a in launched] == [
@@ -342,7 +342,7 @@ def test_run_children_pinned_starts_each_run_on_its_own_cpus(tmp_path, monkeypat
 
     before = os.sched_getaffinity(0)
     monkeypatch.setattr(subprocess, "Popen", Child)
-    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
+    monkeypatch.setattr("bench.common.time.sleep", lambda s: None)  # run_processes polls
     run_children(args, argv, tmp_path, model)
     first, second = cpu_shares(before, 2)
     # The start model's evaluation and full seed 0 start together; seed 1 takes the share the first one gave back.
@@ -421,7 +421,7 @@ def test_run_children_hand_the_fixed_model_to_every_child(tmp_path, monkeypatch)
     argv = ["--arms", "fixed_pool", "--seeds", "0", "--parallel", "2"]
     _FinishedChild.launched = []
     monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
-    monkeypatch.setattr("bench.async_vs_sync.time.sleep", lambda s: None)  # run_processes polls
+    monkeypatch.setattr("bench.common.time.sleep", lambda s: None)  # run_processes polls
     run_children(parse_args(argv), argv, tmp_path, tmp_path / "warmup-abc", tmp_path / "warmup-def")
     launched = [parse_args([a for a in cmd[3:] if a != "--child"]) for cmd in _FinishedChild.launched]
     assert [(a.arms, a.fixed_model) for a in launched] == [([START], str(tmp_path / "warmup-def")),

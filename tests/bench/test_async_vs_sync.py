@@ -9,13 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import async_vs_sync
+from bench import async_vs_sync, common
 from bench.async_vs_sync import (
     CORRECTIONS,
-    cpu_list,
-    cpu_shares,
     load_pairs,
-    mean_and_se,
     pair_done,
     pair_record,
     pair_settings,
@@ -23,12 +20,12 @@ from bench.async_vs_sync import (
     parse_args,
     run_children,
     run_pair,
-    saved_record,
     start_held_out,
     summarise,
     summary_markdown,
     write_pair,
 )
+from bench.common import cpu_list, cpu_shares, mean_and_se, saved_record
 
 
 def _run(step_s: list[float], calc_episodes: float, extra: dict | None = None) -> dict:
@@ -281,7 +278,7 @@ def test_run_children_starts_only_the_pairs_not_done(tmp_path, monkeypatch):
         _trained(tmp_path / f"seed_{seed}", args, seed, model, evaluated=True)
     _FinishedChild.launched = []
     monkeypatch.setattr(subprocess, "Popen", _FinishedChild)
-    monkeypatch.setattr(async_vs_sync.time, "sleep", lambda s: None)
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
     pairs = run_children(args, argv, tmp_path, model)
     assert [parse_args(cmd[3:]).seeds for cmd in _FinishedChild.launched] == [[1]]
     assert [p["seed"] for p in pairs] == [0, 1, 2]
@@ -411,7 +408,7 @@ def test_run_children_pinned_starts_each_pair_on_its_own_cpus(tmp_path, monkeypa
 
     before = os.sched_getaffinity(0)
     monkeypatch.setattr(subprocess, "Popen", Child)
-    monkeypatch.setattr(async_vs_sync.time, "sleep", lambda s: None)
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
     run_children(args, argv, tmp_path, model)
     first, second = cpu_shares(before, 2)
     # Seeds 0 and 1 start together; seed 2 takes the share seed 0 gave back.

@@ -11,7 +11,7 @@ import pytest
 from agentrl_verl.harness.demo import load_demo_config, summarize
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.tools.evaluate import EvalResult
-from bench import async_vs_sync, demo_seeds
+from bench import common, demo_seeds
 from bench.demo_seeds import (
     MODES,
     describe,
@@ -125,7 +125,7 @@ def test_only_modes_and_families_every_seed_has_are_pooled(tmp_path):
 
 
 class _FakeDemo:
-    """``subprocess.Popen`` of the demo (as :func:`bench.async_vs_sync.run_processes` starts it): writes the run its
+    """``subprocess.Popen`` of the demo (as :func:`bench.common.run_processes` starts it): writes the run its
     command asks for (``FLIPS``) and its result line to its log, or fails."""
 
     commands: list = []
@@ -147,8 +147,8 @@ class _FakeDemo:
 @pytest.fixture
 def fake_demo(monkeypatch):
     _FakeDemo.commands, _FakeDemo.returncode_of_next = [], 0
-    monkeypatch.setattr(async_vs_sync.subprocess, "Popen", _FakeDemo)
-    monkeypatch.setattr(async_vs_sync.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(common.subprocess, "Popen", _FakeDemo)
+    monkeypatch.setattr(common.time, "sleep", lambda seconds: None)
     return _FakeDemo
 
 
@@ -168,9 +168,9 @@ def test_a_missing_seed_runs_the_demo_into_its_folder(tmp_path, fake_demo, caplo
 
 def test_seeds_run_in_parallel_on_their_own_cpus(tmp_path, fake_demo, monkeypatch):
     affinities = []
-    monkeypatch.setattr(async_vs_sync.os, "sched_setaffinity",
+    monkeypatch.setattr(common.os, "sched_setaffinity",
                         lambda pid, cpus: affinities.append(set(cpus)))
-    monkeypatch.setattr(async_vs_sync.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: set(range(8)))
     write_run(tmp_path / "seed_0", 0)
     args = parse_args(["--config", MULTITASK, "--out", str(tmp_path), "--seeds", "2", "0", "1", "--parallel", "2",
                        "--pin"])
