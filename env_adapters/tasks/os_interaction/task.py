@@ -238,7 +238,9 @@ class OSTask(Task):
         memory: Memory limit per container (Docker units, swap included; upstream's: 1 GiB).
         cpus: CPU quota per container, in cores (upstream's: 2).
         pids: Process limit per container.
-        network: Docker network mode of the containers (``none``: loopback only).
+        network: Docker network mode of the containers: ``none`` (default), loopback only; another mode (``bridge``,
+            the daemon's default network) is an opt-in for trusted set-ups that reproduce upstream's numbers on the
+            items that install packages (the agent's commands then reach the network; logged as a warning).
         disk: Writable space per container (Docker units; ``None``: unbounded): a write past it fails where the
             Docker daemon can bound it; elsewhere no file may grow past it, and a session whose container holds
             more ends after that command (see :class:`~env_adapters.sandbox.containers.Limits`).
@@ -261,6 +263,9 @@ class OSTask(Task):
             output_limit)
         self.limits = Limits(network=network, memory=memory, cpus=float(cpus), pids=int(pids), disk=disk,
                              nofile=None if nofile is None else int(nofile))
+        if network != "none":
+            logger.warning("os: task containers on Docker network %r: the agent's commands reach the network (an "
+                           "opt-in for trusted set-ups; network: none keeps them on loopback)", network)
         self.pool_size, self.reap_interval = int(pool_size), float(reap_interval)
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="os-task")
         self._images: dict[str, str] = {}

@@ -216,3 +216,10 @@ async def test_a_pooled_container_is_handed_over_prepared_and_a_failed_preparati
     assert daemon.removed == [daemon.runs[1]["name"]] and not pool._idle["image"]
     lease = await pool.acquire("image")  # started on demand, prepared all the same
     assert lease.ready == f"shell of {lease.container.name}"
+
+
+async def test_containers_get_no_network_unless_the_pool_is_given_one():
+    daemon = _Daemon(bounds=True)
+    await ContainerPool(daemon, limits=Limits(), size=0).acquire("image")
+    await ContainerPool(daemon, limits=Limits(network="bridge"), size=0).acquire("image")
+    assert [o["network_mode"] for o in daemon.runs] == ["none", "bridge"]

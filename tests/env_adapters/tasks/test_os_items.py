@@ -111,3 +111,10 @@ def test_format_output_truncates_and_explains_what_happened():
     assert killed.startswith("partial\n") and "longer than 30 s" in killed and "restarted" in killed
     # The shell kept more than it showed: still marked as truncated even if the kept part is short.
     assert format_output(CommandResult("y" * 10, None, flooded=True, truncated=True), 800, 30).count("truncated") == 1
+
+
+def test_a_network_is_an_opt_in_that_is_said_out_loud(caplog):
+    with caplog.at_level("WARNING", logger="env_adapters.tasks.os_interaction.task"):
+        assert OSTask().limits.network == "none" and not caplog.records  # loopback only, silently
+        assert OSTask(network="bridge").limits.network == "bridge"
+    assert "'bridge'" in caplog.text and "reach the network" in caplog.text
