@@ -4,10 +4,11 @@ Oxigraph cannot interrupt a query, and a policy can write one that runs for minu
 ``get_relations``: over 280 s on the generated graph). So the store lives in child processes, each loaded with the
 graph, and :class:`StoreProcess` kills the one whose query runs past its time bound (a fresh one takes its place).
 
-The child runs this file as a script, ``python -I store_process.py REQUESTS REPLIES`` (two pipe descriptors), so it
-imports only the standard library and pyoxigraph: it receives the graph (N-Triples bytes, or the path of an ``.nt``
-file), answers ``("ready", triples)``, then answers each query with ``("ok", values)`` (the first projected variable's
-values) or ``("error", message)``. It gets SIGKILL when the thread that started it ends.
+The child runs this file as a script, ``python -P store_process.py REQUESTS REPLIES`` (two pipe descriptors; ``-P``:
+this folder is not put on its path, so no module here shadows another; the parent's ``PYTHONPATH`` stays, where
+pyoxigraph may be installed), and imports only the standard library and pyoxigraph: it receives the graph (N-Triples
+bytes, or the path of an ``.nt`` file), answers ``("ready", triples)``, then answers each query with ``("ok",
+values)`` (the first projected variable's values) or ``("error", message)``. It gets SIGKILL when the thread that started it ends.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class StoreProcess:
         reply_read, reply_write = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", __file__, str(request_read), str(reply_write)],
+                [sys.executable, "-P", __file__, str(request_read), str(reply_write)],
                 pass_fds=(request_read, reply_write), preexec_fn=die_with_parent, stdin=subprocess.DEVNULL)
         finally:
             os.close(request_read)

@@ -178,3 +178,24 @@ async def test_a_query_the_store_refuses_is_a_backend_error_and_the_process_stay
         await backend.select("SELEC nonsense")
     assert backend.pids() == pids and await backend.select(FIRST) == ["m.a0", "m.a1"]
     await backend.close()
+
+
+async def test_the_store_process_finds_pyoxigraph_where_its_parent_does(tmp_path, monkeypatch):
+    # Installed on PYTHONPATH only (a --target install, as on a machine without pip access): a stand-in module there
+    # marks that the child imported it from that path, then hands over the real one.
+    marker = tmp_path / "imported"
+    shim = tmp_path / "path"
+    shim.mkdir()
+    (shim / "pyoxigraph.py").write_text(
+        "import importlib, os, sys\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "sys.path.remove(os.path.dirname(__file__))\n"
+        "del sys.modules[__name__]\n"
+        "globals().update(vars(importlib.import_module('pyoxigraph')))\n")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    backend = EmbeddedBackend(EDGES, processes=1)
+    try:
+        assert await backend.select(FIRST) == ["m.a0", "m.a1"]
+    finally:
+        await backend.close()
+    assert marker.exists()

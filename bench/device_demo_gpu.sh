@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `agentrl-verl demo` on a GPU machine lent by the `device` tool: the embedded default settings, its warm-up and its
+# RL phase on the card (warmup.device and rl.device auto: the gpu_tiny preset, the trainer and both hf rollout
+# replicas on one GPU). That machine has no Docker, so `os` is left out as the demo does wherever no daemon answers;
+# it has no alfworld package, so the tiny model's tokenizer is trained without alfworld's text (built there).
+# Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
+#   and the kg/webshop wheels as .device_wheels.tar.xz (see bench/device_recipe_1gpu.sh)
+# Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "bash bench/device_demo_gpu.sh [--set
+#                     KEY=VALUE ...]" (DEMO_TIMEOUT_S bounds the demo, default 540)
+# Results go to $OUT: demo.log, summary.md/json, metrics.jsonl, learning_curve.png, verl_tail.log, gpu.csv.
+set -uo pipefail
+OUT=${OUT:-/tmp/demo_gpu_out}
+WORK=/tmp/demo_gpu
+mkdir -p "$OUT" "$WORK"
+WHEELS=.device_wheels.tar.xz DEVICE_GPU=1 source bench/device_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu.csv" &
+SAMPLER=$!
+timeout "${DEMO_TIMEOUT_S:-540}" python3 -m agentrl_verl.tools.cli demo --output-dir "$WORK/demo" "$@" \
+  > "$OUT/demo.log" 2>&1
+rc=$?
+kill "$SAMPLER" 2>/dev/null
+for name in summary.md summary.json metrics.jsonl learning_curve.png; do cp "$WORK/demo/$name" "$OUT/" 2>/dev/null; done
+tail -n 80 "$WORK/demo/verl.log" > "$OUT/verl_tail.log" 2>/dev/null
+grep -E "RL step|warm-up|held-out|done in|device|ERROR|Error|Traceback" "$OUT/demo.log" | cut -c1-300 | tail -n 80
+grep -E "hf rollout server|cuda|Error" "$OUT/verl_tail.log" | cut -c1-300 | tail -n 20
+echo "demo exit code $rc"
+exit "$rc"
