@@ -8,7 +8,8 @@ The child runs this file as a script, ``python -P store_process.py REQUESTS REPL
 this folder is not put on its path, so no module here shadows another; the parent's ``PYTHONPATH`` stays, where
 pyoxigraph may be installed), and imports only the standard library and pyoxigraph: it receives the graph (N-Triples
 bytes, or the path of an ``.nt`` file), answers ``("ready", triples)``, then answers each query with ``("ok",
-values)`` (the first projected variable's values) or ``("error", message)``. It gets SIGKILL when the thread that started it ends.
+values)`` (the first projected variable's values) or ``("error", message)``. It gets SIGKILL when the thread that
+started it ends.
 """
 
 from __future__ import annotations
