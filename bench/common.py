@@ -1,5 +1,6 @@
 """What the benches share: running runs side by side on shares of the CPUs, resuming a run's saved record, and the
-mean with its standard error. Each bench's own experiment stays in its file."""
+mean with its standard error. Each bench's own experiment stays in its file; the benches and their pages:
+``docs/testing.md``."""
 
 from __future__ import annotations
 
