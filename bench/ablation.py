@@ -403,7 +403,7 @@ def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: 
     try:
         cmd = rl_command(str(model), train_file, val_file, url, folder, ray_dir, rl, seed)
         logger.info("%s seed %d: %d steps of %d groups (%s)", arm, seed, args.steps, batch, ", ".join(spec.families))
-        run_rl(cmd, folder, list(spec.families), args.steps, rl.stall_s)
+        run_rl(cmd, folder, list(spec.families), args.steps, rl.stall_s, env=rl.platform_env())
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
     return exported_actor(folder / "checkpoints", args.steps)

@@ -124,19 +124,27 @@ class RLSpec:
     overrides: list[str] = field(default_factory=list)
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
     device: str = "auto"  # cuda (one GPU: the trainer and both rollout replicas), cpu, or auto (cuda where torch sees
-    # one and the engine serves there)
+    # one and the engine serves there, unless AGENTRL_PLATFORM=cpu asks for verl's CPU platform)
 
     def resolved_device(self) -> str:
         """:attr:`device` resolved: ``auto`` is ``cuda`` where torch sees a GPU and the engine serves on one.
 
         Raises:
-            ValueError: an unknown device, ``cuda`` without a GPU, or an engine that does not serve on it.
+            ValueError: an unknown device, ``cuda`` without a GPU or with verl's CPU platform asked for, or an engine
+                that does not serve on it.
         """
         if self.engine not in ENGINES:
             raise ValueError(f"rl.engine={self.engine!r}: use one of {', '.join(ENGINES)}")
+        from agentrl_verl.backends.platform_cpu import cpu_platform_requested
+
         if self.device == "auto":
-            return device_setting("auto", "rl.device") if "cuda" in ENGINES[self.engine] else "cpu"
+            if cpu_platform_requested() or "cuda" not in ENGINES[self.engine]:
+                return "cpu"  # AGENTRL_PLATFORM=cpu (or VERL_PLATFORM=cpu) asks for the CPU on a GPU host too
+            return device_setting("auto", "rl.device")
         device = device_setting(self.device, "rl.device")
+        if device == "cuda" and cpu_platform_requested():
+            raise ValueError("rl.device=cuda, but AGENTRL_PLATFORM/VERL_PLATFORM=cpu asks verl for its CPU platform: "
+                             "unset it, or use rl.device=cpu")
         if device not in ENGINES[self.engine]:
             raise ValueError(f"rl.device={device} with rl.engine={self.engine}: the demo runs {self.engine} on "
                              f"{' or '.join(ENGINES[self.engine])} only; use rl.engine=hf on a GPU")

@@ -242,14 +242,28 @@ def test_the_rl_device_picks_the_preset_and_the_platform(monkeypatch, engine, de
     from agentrl_verl.harness.demo import CPU_PLATFORM_ENV
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.delenv("AGENTRL_PLATFORM", raising=False)
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
     spec = RLSpec(engine=engine, device=device)
     assert spec.preset() == preset
     assert spec.platform_env() == (CPU_PLATFORM_ENV if cpu_platform else {})
 
 
+def test_the_cpu_platform_asked_for_keeps_an_automatic_rl_device_on_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("AGENTRL_PLATFORM", "cpu")  # as the benches on a lent GPU machine's cores ask
+    assert RLSpec().preset() == "cpu_tiny"
+    with pytest.raises(ValueError, match="rl.device=cuda, but AGENTRL_PLATFORM/VERL_PLATFORM=cpu"):
+        RLSpec(device="cuda").preset()
+
+
 def test_an_rl_device_that_cannot_serve_is_refused_by_name(monkeypatch):
     import torch
 
+    monkeypatch.delenv("AGENTRL_PLATFORM", raising=False)
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="rl.device: cuda, but torch sees no GPU here"):
         RLSpec(device="cuda").preset()
