@@ -7,6 +7,9 @@ Config::
       - {task: calc, name: calc, replicas: 2, concurrency: 64, threads: 8, options: {seed: 0},
          ray: {num_cpus: 0, resources: {}, max_restarts: 3}}  # placement, read with --ray only
 
+A text value may name environment variables as ``${NAME}`` (data paths, endpoints: the recipe's upstream-data
+stack); a variable that is not set stops the load, naming it and the key that uses it.
+
 Off loopback the controller needs a token: ``token``, or ``token_file`` (a file holding it, made with a random token
 when it does not exist; the training side reads it with ``agentrl.env.token_file``), or, on a trusted network only,
 ``allow_no_token: true``.
@@ -25,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,12 +99,39 @@ class StackConfig(_Strict):
     workers: list[WorkerSpec] = Field(default_factory=list)
 
 
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_environment(value: Any, source: str, key: str = "") -> Any:
+    """``value`` with every ``${NAME}`` in its texts replaced by the environment variable ``NAME``.
+
+    Raises:
+        ValueError: a variable is not set (the message names it, the key and ``source``).
+    """
+    if isinstance(value, dict):
+        return {k: expand_environment(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_environment(v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ValueError(f"stack config {source}: {key} uses ${{{name}}}, which is not set: export {name}=... "
+                             "(see the comments at the top of the file)")
+        return os.environ[name]
+
+    return _ENV_REFERENCE.sub(lookup, value)
+
+
 def load_config(config: dict[str, Any] | str | Path) -> StackConfig:
-    """Validate a stack config (a dict or a YAML path); errors name the bad key."""
+    """Validate a stack config (a dict or a YAML path; ``${NAME}`` from the environment); errors name the bad key."""
     source = "config"
     if not isinstance(config, dict):
         source = str(config)
         config = yaml.safe_load(Path(config).read_text()) or {}
+    config = expand_environment(config, source)
     try:
         parsed = StackConfig.model_validate(config)
     except ValidationError as e:

@@ -35,6 +35,18 @@ def test_config_errors_name_the_key():
     assert load_config({"workers": [{"task": "calc", "threads": 2}]}).workers[0].threads == 2
 
 
+def test_environment_variables_fill_in_texts_and_an_unset_one_is_named(monkeypatch):
+    monkeypatch.setenv("AGENTBENCH", "/data/AgentBench")
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    config = {"workers": [{"task": "os", "options": {"data": [{"problem_file": "${AGENTBENCH}/data/1/*.json"}],
+                                                     "max_rounds": 8, "note": "$AGENTBENCH stays"}}]}
+    options = load_config(config).workers[0].options
+    assert options == {"data": [{"problem_file": "/data/AgentBench/data/1/*.json"}], "max_rounds": 8,
+                       "note": "$AGENTBENCH stays"}  # only ${NAME} is a reference
+    with pytest.raises(ValueError, match=r"workers\[0\]\.options\.catalogue uses \$\{WEBSHOP_DATA\}, which is not set"):
+        load_config({"workers": [{"task": "webshop", "options": {"catalogue": "${WEBSHOP_DATA}"}}]})
+
+
 @pytest.mark.slow
 def test_worker_that_fails_to_start_is_named():
     config = {"controller": {"port": 0}, "workers": [{"task": "calc", "options": {"size": 0}}]}

@@ -167,6 +167,30 @@ def test_environment_config_is_valid():
     assert "--token-file" in (RECIPE / "prepare_data.sh").read_text()
 
 
+UPSTREAM_PARAMETERS = ("AGENTBENCH", "FREEBASE_SPARQL", "ALFWORLD_DATA", "WEBSHOP_DATA", "MYSQL_URL")
+
+
+def test_the_upstream_data_environment_serves_the_same_tasks_from_parameters(monkeypatch):
+    generated = load_config(RECIPE / "env" / "agentbench_fc.yaml")
+    upstream_file = RECIPE / "env" / "agentbench_fc_upstream.yaml"
+    monkeypatch.delenv("AGENTBENCH", raising=False)
+    with pytest.raises(ValueError, match=r"uses \$\{AGENTBENCH\}, which is not set"):
+        load_config(upstream_file)
+    for name in UPSTREAM_PARAMETERS:
+        monkeypatch.setenv(name, f"/{name.lower()}")
+    upstream = load_config(upstream_file)
+    assert [(w.task, w.name, w.ray) for w in upstream.workers] == [(w.task, w.name, w.ray) for w in generated.workers]
+    assert upstream.controller.model_dump() == generated.controller.model_dump()
+    for worker in upstream.workers:  # every option is one its family takes (the data itself is not here)
+        accepted = inspect.signature(get_task_class(worker.task)).parameters
+        assert set(worker.options) <= set(accepted), (worker.task, set(worker.options) - set(accepted))
+    options = {w.task: w.options for w in upstream.workers}
+    assert options["os"]["data"][5] == {"problem_file": "/agentbench/data/os_interaction/data/6/*.json",
+                                        "script_dir": "/agentbench/data/os_interaction/scripts/6/"}
+    assert (options["kg"]["backend"], options["kg"]["sparql_url"]) == ("endpoint", "/freebase_sparql")
+    assert options["webshop"]["catalogue"] == "/webshop_data" and options["alfworld"]["data_path"] == "/alfworld_data"
+
+
 def test_launch_scripts_parse_and_explain_their_arguments():
     for script in ("run.sh", "prepare_data.sh"):
         assert subprocess.run(["bash", "-n", str(RECIPE / script)]).returncode == 0

@@ -11,7 +11,9 @@ folder is ``scripts/`` beside this module (equivalents of the upstream files the
 
 from __future__ import annotations
 
+import glob
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -161,6 +163,29 @@ def load_items(data: str | Path, scripts: str | Path | None = None) -> list[OSIt
         raise ValueError(f"OS-interaction data folder {str(data)!r} holds no .json or .jsonl file")
     root = scripts_folder(data, scripts)
     return [parse_item(raw, f"{path.name}[{i}]", root) for path in files for i, raw in enumerate(_raw_items(path))]
+
+
+def load_sources(files: Sequence[Mapping[str, str]]) -> list[OSItem]:
+    """All items of upstream's ``data_config.files`` list, in order: each entry's ``problem_file`` (a path or a glob,
+    its files in name order) with its scripts in ``script_dir`` (default: the folder of its files).
+
+    Raises:
+        ValueError: an entry is not ``{problem_file, script_dir}``, its ``problem_file`` matches no file, or an item
+            is malformed.
+    """
+    if not files:
+        raise ValueError("OS-interaction data: the list of {problem_file, script_dir} entries is empty")
+    items: list[OSItem] = []
+    for n, entry in enumerate(files):
+        if not isinstance(entry, Mapping) or "problem_file" not in entry or set(entry) - {"problem_file", "script_dir"}:
+            raise ValueError(f"OS-interaction data entry {n}: {entry!r} is not {{problem_file: PATH_OR_GLOB, "
+                             "script_dir: FOLDER}")
+        paths = sorted(Path(p) for p in glob.glob(str(entry["problem_file"])))
+        if not paths:
+            raise ValueError(f"OS-interaction data entry {n}: {entry['problem_file']!r} matches no file")
+        root = scripts_folder(paths[0], entry.get("script_dir"))
+        items += [item for path in paths for item in load_items(path, root)]
+    return items
 
 
 def scripts_folder(data: str | Path, scripts: str | Path | None = None) -> Path:

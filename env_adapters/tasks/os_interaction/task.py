@@ -51,6 +51,7 @@ from env_adapters.tasks.os_interaction.items import (
     OSItem,
     Script,
     load_items,
+    load_sources,
     load_split,
     parse_item,
     scripts_folder,
@@ -227,10 +228,12 @@ class OSTask(Task):
     Args:
         split: Vendored data: ``dev`` (26 items) or ``train`` (1000 items); indices are positions in the file.
         data: Upstream-format data instead of ``split``: a ``.json``/``.jsonl`` file or a folder of them (see
-            :func:`~.items.load_items`); indices are positions over the files in name order.
+            :func:`~.items.load_items`), or upstream's ``data_config.files`` list of ``{problem_file, script_dir}``
+            (:func:`~.items.load_sources`; the seven folders of upstream's ``os-std``); indices are positions over
+            the files in that order.
         scripts: Folder that the data's ``{"file": ...}`` references resolve against (upstream's
-            ``script_dir``); default: the folder of ``data``. ``custom_task`` items resolve against it too (with the
-            vendored splits: their own scripts folder).
+            ``script_dir``); default: the folder of ``data`` (of a list: its first entry's ``script_dir``).
+            ``custom_task`` items resolve against it too (with the vendored splits: their own scripts folder).
         max_rounds: Assistant messages per session.
         command_timeout: Seconds one ``bash_action`` may run before it is killed.
         output_limit: Characters of command output shown to the agent.
@@ -249,16 +252,23 @@ class OSTask(Task):
         threads: Threads for blocking Docker calls (at least the worker's concurrency).
     """
 
-    def __init__(self, split: str = "dev", data: str | None = None, scripts: str | None = None, max_rounds: int = 8,
-                 command_timeout: float = 30.0, output_limit: int = 800, pool_size: int = 2, memory: str = "1g",
+    def __init__(self, split: str = "dev", data: str | list[dict[str, str]] | None = None, scripts: str | None = None,
+                 max_rounds: int = 8, command_timeout: float = 30.0, output_limit: int = 800, pool_size: int = 2,
+                 memory: str = "1g",
                  cpus: float = 2.0, pids: int = 256, network: str = "none", disk: str | None = "2g",
                  nofile: int | None = None, reap_interval: float = 60.0, threads: int = 64) -> None:
         if max_rounds < 1 or command_timeout <= 0 or output_limit < 1:
             raise ValueError(f"os: need max_rounds >= 1, command_timeout > 0, output_limit >= 1; got "
                              f"{max_rounds}, {command_timeout}, {output_limit}")
         self.split = split
-        self.items = load_split(split) if data is None else load_items(data, scripts)
-        self.scripts = VENDORED_SCRIPTS if data is None else scripts_folder(data, scripts)
+        if data is None:
+            self.items, self.scripts = load_split(split), VENDORED_SCRIPTS
+        elif isinstance(data, list):
+            self.items = load_sources(data)
+            first = data[0]
+            self.scripts = scripts_folder(first["problem_file"], scripts or first.get("script_dir"))
+        else:
+            self.items, self.scripts = load_items(data, scripts), scripts_folder(data, scripts)
         self.max_rounds, self.command_timeout, self.output_limit = int(max_rounds), float(command_timeout), int(
             output_limit)
         self.limits = Limits(network=network, memory=memory, cpus=float(cpus), pids=int(pids), disk=disk,

@@ -11,7 +11,7 @@ import pytest
 
 from env_adapters.sandbox.shell import CommandResult
 from env_adapters.tasks.os_interaction import EMPTY_OUTPUT, TRUNCATION_NOTE, OSTask, format_output
-from env_adapters.tasks.os_interaction.items import Script, load_items, load_split, parse_item
+from env_adapters.tasks.os_interaction.items import Script, load_items, load_sources, load_split, parse_item
 
 CHECKS = resources.files("env_adapters.tasks.os_interaction") / "scripts" / "check"
 
@@ -63,6 +63,29 @@ def test_upstream_data_loads_from_a_file_or_folder_with_its_own_scripts(tmp_path
     # The task takes such data as its `data` and `scripts` options instead of a vendored split.
     task = OSTask(data=str(data), scripts=str(scripts))
     assert task.indices() == [0, 1, 2] and task.items == loaded and task.scripts == scripts
+
+
+def test_upstreams_folders_each_with_its_scripts_load_in_order(tmp_path):
+    # Upstream's os-std: data/os_interaction/data/N/*.json, each folder's scripts in scripts/N/.
+    for n in (1, 2):
+        (tmp_path / "data" / str(n)).mkdir(parents=True)
+        (tmp_path / "scripts" / str(n)).mkdir(parents=True)
+        (tmp_path / "scripts" / str(n) / "check.sh").write_text(f"exit {n - 1}\n")
+        for name in ("b", "a"):
+            item = {"description": f"{n}{name}", "evaluation": {"check": {"file": "check.sh"}}}
+            (tmp_path / "data" / str(n) / f"{name}.json").write_text(json.dumps([item]))
+    sources = [{"problem_file": str(tmp_path / "data" / str(n) / "*.json"),
+                "script_dir": str(tmp_path / "scripts" / str(n))} for n in (1, 2)]
+    task = OSTask(data=sources)
+    assert [item.description for item in task.items] == ["1a", "1b", "2a", "2b"]
+    assert [item.checks[0].code for item in task.items] == ["exit 0\n"] * 2 + ["exit 1\n"] * 2
+    assert task.scripts == tmp_path / "scripts" / "1"  # custom tasks resolve against the first entry's scripts
+    with pytest.raises(ValueError, match="entry 1: '.*/data/3/\\*.json' matches no file"):
+        load_sources([sources[0], {"problem_file": str(tmp_path / "data" / "3" / "*.json")}])
+    with pytest.raises(ValueError, match="entry 0: .* is not {problem_file"):
+        load_sources([{"problem_files": "x"}])
+    with pytest.raises(ValueError, match="is empty"):
+        OSTask(data=[])
 
 
 @pytest.mark.parametrize(
