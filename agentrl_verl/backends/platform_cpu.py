@@ -11,7 +11,8 @@ workaround names the verl code it targets, and ``tests/agentrl_verl/backends/tes
 assumption stops holding in a new verl release:
 
 * ``verl.utils.distributed`` builds the backend ``"cpu:gloo,{device}:{backend}"``, i.e. ``"cpu:gloo,cpu:gloo"``,
-  which torch rejects ("Duplicate device type cpu").
+  which torch rejects ("Duplicate device type cpu"); and every rank meets through a TCP store on a port picked
+  free seconds earlier, which another connection on the host may take by then. One-rank groups meet through a file.
 * ``verl.workers.engine`` registers the FSDP engines for ``cuda`` and ``npu`` only.
 * ``verl.workers.engine.fsdp.transformer_impl`` gives forward-only (reference) engines
   ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator.
@@ -30,6 +31,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -239,11 +241,24 @@ class PlatformCPU(PlatformBase):
 
 
 def _gloo_only(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap verl.utils.distributed.initialize_global_process_group_ray to default to ``cpu:gloo``."""
+    """Wrap verl.utils.distributed.initialize_global_process_group_ray to default to ``cpu:gloo``.
+
+    A group of one rank meets through a file rather than verl's TCP store: verl picks ``MASTER_PORT`` by binding
+    port 0 in one process and the rank binds it again seconds later; in between any connection on the host may
+    take that port (``EADDRINUSE``). A file rendezvous opens no port. An explicit ``DIST_INIT_METHOD`` is kept.
+    """
 
     @functools.wraps(fn)
     def wrapper(timeout_second: int | None = None, backend: str | None = None) -> Any:
-        return fn(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("DIST_INIT_METHOD"):
+            return fn(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+        fd, store = tempfile.mkstemp(prefix="agentrl-pg-")  # torch's FileStore takes an empty file
+        os.close(fd)
+        os.environ["DIST_INIT_METHOD"] = f"file://{store}"
+        try:
+            return fn(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+        finally:
+            del os.environ["DIST_INIT_METHOD"]  # read once by verl; not for this process's children
 
     wrapper.__agentrl_cpu__ = True  # type: ignore[attr-defined]
     return wrapper

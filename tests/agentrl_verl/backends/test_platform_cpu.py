@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import socket
+import tempfile
 from importlib.metadata import version
 
 import pytest
@@ -62,8 +64,18 @@ def test_device_helpers_work_on_cpu():
     device.set_rng_state(state)
 
 
-def test_distributed_backend_is_plain_gloo(monkeypatch):
+def _all_reduce_ones() -> list[float]:
     import torch.distributed as dist
+
+    try:
+        tensor = torch.ones(3)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_backend_is_plain_gloo(monkeypatch):
     from verl.utils import distributed
     from verl.workers import engine_workers
 
@@ -71,16 +83,29 @@ def test_distributed_backend_is_plain_gloo(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv("DIST_INIT_METHOD", f"tcp://127.0.0.1:{port}")
+    monkeypatch.setenv("DIST_INIT_METHOD", f"tcp://127.0.0.1:{port}")  # a user's explicit rendezvous is kept
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     distributed.initialize_global_process_group_ray(timeout_second=30)
-    try:
-        tensor = torch.ones(3)
-        dist.all_reduce(tensor)
-        assert tensor.tolist() == [1.0, 1.0, 1.0]
-    finally:
-        dist.destroy_process_group()
+    assert _all_reduce_ones() == [1.0, 1.0, 1.0]
+
+
+def test_one_rank_group_binds_no_port(monkeypatch, tmp_path):
+    from verl.utils import distributed
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as taken:  # verl's MASTER_PORT, taken by someone else before the rank binds it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        monkeypatch.delenv("DIST_INIT_METHOD", raising=False)
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        distributed.initialize_global_process_group_ray(timeout_second=30)
+        assert "DIST_INIT_METHOD" not in os.environ
+        assert _all_reduce_ones() == [1.0, 1.0, 1.0]
+    assert list(tmp_path.iterdir()) == []  # the rendezvous file goes with the group
 
 
 def test_fsdp_engines_registered_for_cpu():
