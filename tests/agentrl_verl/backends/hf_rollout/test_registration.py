@@ -161,11 +161,12 @@ async def test_weights_arrive_bucket_by_bucket_through_verls_transfer_in_shared_
         await received
 
 
-def _adapter(weight_transport: str) -> HFServerAdapter:
+def _adapter(weight_transport: str = "auto", sync_weights: bool = True) -> HFServerAdapter:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="cpu_tiny", overrides=[
             f"actor_rollout_ref.model.path={build_tiny_model()}",
-            f"+actor_rollout_ref.rollout.engine_kwargs.hf.weight_transport={weight_transport}"])
+            f"+actor_rollout_ref.rollout.engine_kwargs.hf.weight_transport={weight_transport}",
+            f"actor_rollout_ref.rollout.engine_kwargs.hf.sync_weights={str(sync_weights).lower()}"])
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
@@ -184,3 +185,30 @@ def test_weights_in_host_memory_take_the_object_store_and_are_refused_cuda_ipc()
     assert _adapter("shm")._transport(torch.zeros(2)) == "shm"
     with pytest.raises(ValueError, match=r"weight_transport=cuda_ipc, but the weights to send are on cpu"):
         _adapter("cuda_ipc")._transport(torch.zeros(2))
+
+
+class _ServerReached(Exception):
+    pass
+
+
+def _unreachable_server():
+    raise _ServerReached
+
+
+async def test_a_rollout_without_weight_sync_keeps_its_weights_yet_drains_the_trainers_stream(monkeypatch):
+    produced = []
+
+    def weights():  # each tensor is collective across the trainer's ranks: every one must be taken
+        for name in ("a", "b", "c"):
+            produced.append(name)
+            yield name, torch.zeros(2)
+
+    frozen = _adapter(sync_weights=False)
+    monkeypatch.setattr(frozen, "_server", _unreachable_server)
+    await frozen.update_weights(weights(), global_steps=1)  # no call reaches the server
+    assert produced == ["a", "b", "c"]
+
+    synced = _adapter()
+    monkeypatch.setattr(synced, "_server", _unreachable_server)
+    with pytest.raises(_ServerReached):
+        await synced.update_weights(weights(), global_steps=1)
