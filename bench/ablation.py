@@ -12,7 +12,11 @@ trained trajectories), in one of these arms (:func:`arms`):
   (``agentrl.cross_policy.fixed_model_path``; ``--fixed-model``, by default the same warm-up on another data order);
 - ``no_task_norm``: ``agentrl.task_adv_norm=off`` (group advantages only);
 - ``no_cross_policy``: ``agentrl.cross_policy.enable=false``;
-- ``single_<family>``: that family's prompts only, everything on.
+- ``single_<family>``: that family's prompts only, everything on;
+- ``sync``: everything on, the synchronous trainer (``agentrl_sync``): paired by seed with ``full``, the speedup of
+  the asynchronous pipeline on the real families (``full``'s training time against ``sync``'s) and where each run's
+  time goes (verl's per-phase timings, the rollout's and the trainer's idle fractions, each family's episode
+  generation and environment time with their 90th percentiles).
 
 After training, each run's final model plays the first ``--eval-size`` held-out indices of every family (never
 demonstrated or trained on), sampled at the RL temperature with one sampling seed for every model; the start model
@@ -22,7 +26,8 @@ columns families and their mean, each cell held-out success +- its standard erro
 the families, each arm's training, and cross-policy sampling (the pool's second member, its share of the turns, each
 member's log-probs, trajectories with its turns and their success, the updates' clip fraction and KL); with
 ``summary.json`` and ``ablation.png``. The last line printed is ``key=value`` pairs: each arm's mean success over
-families and its standard error over seeds.
+families and its standard error over seeds, and with ``full`` and ``sync`` on common seeds the speedup and its
+standard error.
 
 Each run lives in ``--out/ARM/seed_S/`` and its ``run.json`` is written after its training and again after its
 evaluation, so the same command resumes a bench that was cut off: evaluated runs are kept, trained runs whose model
@@ -80,6 +85,8 @@ START = "start"
 """The record name of the start model's evaluation (no training)."""
 UNTRAINED = (START, FIXED)
 """Records of a model's evaluation without training: the start model's and the fixed pool model's (``fixed``)."""
+SYNC = "sync"
+"""The arm of the synchronous trainer, paired with ``full`` for the speedup."""
 FIXED_WARMUP_SEED = 1
 """``warmup.seed`` of the default fixed pool model: the start model's warm-up on another order of its demonstrations."""
 
@@ -95,13 +102,14 @@ class Arm:
 
 
 def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
-    """The arms, by name: ``full``, ``fixed_pool``, ``no_task_norm``, ``no_cross_policy`` and ``single_<family>`` for
-    each family."""
+    """The arms, by name: ``full``, ``fixed_pool``, ``no_task_norm``, ``no_cross_policy``, ``single_<family>`` for
+    each family and ``sync``."""
     every = tuple(families)
     return {"full": Arm(every), "fixed_pool": Arm(every, fixed_model=True),
             "no_task_norm": Arm(every, ("agentrl.task_adv_norm=off",)),
             "no_cross_policy": Arm(every, ("agentrl.cross_policy.enable=false",)),
-            **{f"single_{family}": Arm((family,)) for family in families}}
+            **{f"single_{family}": Arm((family,)) for family in families},
+            SYNC: Arm(every, ("trainer.v1.trainer_mode=agentrl_sync",))}
 
 
 def workload() -> DemoConfig:
@@ -119,8 +127,10 @@ def workload() -> DemoConfig:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # START and FIXED are a child's jobs (an untrained model's evaluation), which a bench runs once anyway.
-    parser.add_argument("--arms", nargs="+", default=list(arms()), choices=[*arms(), *UNTRAINED],
-                        help="arms to run")
+    parser.add_argument("--arms", nargs="+", default=[arm for arm in arms() if arm != SYNC],
+                        choices=[*arms(), *UNTRAINED],
+                        help=f"arms to run (default: the paper's ablation, every arm but {SYNC}; "
+                             f"--arms full {SYNC}: the asynchronous pipeline's speedup)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of every arm per seed")
     parser.add_argument("--steps", type=int, default=12, help="training steps of every run")
     parser.add_argument("--batch", type=int, default=None,
@@ -268,6 +278,13 @@ def size_overrides(batch: int | None, n: int | None) -> list[str]:
     return out
 
 
+EPISODE_TIME = ("generate_s", "env_latency_s", "turns_p90", "generate_s_p90", "env_latency_s_p90")
+"""Per-family series of a run's steps on where an episode's time goes (means over its episodes, and their 90th
+percentiles: the tail that a synchronous step waits for)."""
+IDLE_FRACTIONS = ("rollout_idle_fraction", "trainer_idle_fraction")
+"""The asynchronous trainer's per-step idle fractions of its rollout and of its trainer (``async/...``)."""
+
+
 STALE_SHARES = ("0", *(f"{low:g}-{high:g}" for low, high in zip((0.0, *SHARE_BINS[:-1]), SHARE_BINS, strict=True)))
 """The bins of a trajectory's share of stale turns in the cross-policy metrics: a share of 0, then up to each of
 ``SHARE_BINS``."""
@@ -275,7 +292,9 @@ STALE_SHARES = ("0", *(f"{low:g}-{high:g}" for low, high in zip((0.0, *SHARE_BIN
 
 def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) -> dict[str, Any]:
     """A run's training from verl's per-step metrics (``metrics.jsonl`` rows): training time (the last step's
-    checkpoint save left out), trajectories, per family its trajectories and per-step reward and success, the mean
+    checkpoint save left out), the mean per step of each of verl's phase timings and of the asynchronous trainer's
+    idle fractions (``timing``: ``gen``, ``update_actor``, ``update_weights``, ``async/wait_for_batch``, ...),
+    trajectories, per family its trajectories and per-step reward, success and :data:`EPISODE_TIME`, the mean
     clip fraction and KL of the actor's updates (``off_policy``), and with cross-policy sampling (``cross_policy``,
     else None) the pool's second member (``stale`` or ``fixed``), the mean share of trajectories with its turns, of
     its turns and the stale weights' lag (None for a fixed model), each member's mean behaviour log-prob per
@@ -302,10 +321,14 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
 
         per_family[family] = {
             "trajectories": sum(float(m.get(f"agentrl/{family}/episodes", 0.0)) for m in steps),
-            **{name: series(name) for name in ("reward", "success_rate", "generated_tokens", "env_tokens", "turns")},
+            **{name: series(name) for name in ("reward", "success_rate", "generated_tokens", "env_tokens", "turns",
+                                               *EPISODE_TIME)},
         }
     member = FIXED if any(f"cross_policy/turn_share/{FIXED}" in m for m in steps) else STALE
+    phases = sorted({key for m in steps for key in m if key.startswith("timing_s/")})
     return {
+        "timing": {**{key.removeprefix("timing_s/"): mean(key) for key in phases},
+                   **{name: mean(f"async/{name}") for name in IDLE_FRACTIONS}},
         "steps": len(steps),
         "train_s": sum(float(m["timing_s/step"]) - float(m.get("timing_s/save_checkpoint", 0.0)) for m in steps),
         "trajectories": sum(float(m.get("agentrl/all/episodes", 0.0)) for m in steps),
@@ -514,6 +537,57 @@ def paired_differences(records: Sequence[dict[str, Any]]) -> dict[str, dict[str,
     return out
 
 
+def speedups(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The asynchronous pipeline's speedup, paired by seed: per seed trained in both ``full`` and :data:`SYNC`,
+    ``sync``'s training time over ``full``'s (the same steps of the same batch: the same trajectories); their mean
+    and standard error over seeds. None without such a seed."""
+    train_s = {(r["arm"], r["seed"]): r["train"]["train_s"] for r in records if "train" in r}
+    seeds = sorted(s for a, s in train_s if a == SYNC and ("full", s) in train_s)
+    if not seeds:
+        return None
+    ratios = [train_s[SYNC, s] / train_s["full", s] for s in seeds]
+    return {"seeds": seeds, "speedup": mean_and_se(ratios), "per_seed": dict(zip(seeds, ratios, strict=True)),
+            "train_s": {arm: mean_and_se([train_s[arm, s] for s in seeds]) for arm in ("full", SYNC)}}
+
+
+def speed_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The asynchronous pipeline against the synchronous trainer (Markdown): the speedup per seed and its mean, then
+    per arm where a step's time goes (verl's phase timings and the idle fractions, means over steps and seeds) and
+    per family where an episode's time goes (:data:`EPISODE_TIME`, means over steps and seeds). Empty without a seed
+    of both arms."""
+    speed = speedups(records)
+    if speed is None:
+        return []
+    lines = ["## Asynchronous vs synchronous", "",
+             f"Speedup (`{SYNC}` training time / `full` training time, the same trajectories): "
+             f"**{speed['speedup'][0]:.2f} +- {speed['speedup'][1]:.2f}** over {len(speed['seeds'])} seeds "
+             f"({', '.join(f'seed {s}: {v:.2f}' for s, v in speed['per_seed'].items())}); training time "
+             f"{speed['train_s']['full'][0]:.0f} s (`full`) and {speed['train_s'][SYNC][0]:.0f} s (`{SYNC}`) a run.",
+             ""]
+    runs = {arm: [r["train"] for r in records if r["arm"] == arm and r["seed"] in speed["seeds"] and "train" in r]
+            for arm in ("full", SYNC)}
+
+    def average(values: Sequence[float | None]) -> str:
+        present = [v for v in values if v is not None]
+        return f"{sum(present) / len(present):.2f}" if present else "-"
+
+    timed = {key for trains in runs.values() for t in trains for key in t.get("timing", {})}
+    phases = [*sorted(timed - set(IDLE_FRACTIONS)), *(name for name in IDLE_FRACTIONS if name in timed)]
+    lines += ["Where a step's time goes (s per step, fractions of the step; means over steps and seeds):", "",
+              f"| arm | {' | '.join(phases)} |", "| --- |" + " --- |" * len(phases)]
+    for arm, trains in runs.items():
+        lines.append(f"| {arm} | " + " | ".join(average([t.get('timing', {}).get(p) for t in trains])
+                                              for p in phases) + " |")
+    lines += ["", "Where an episode's time goes, per family (s, turns; means over steps and seeds):", "",
+              f"| family | arm | {' | '.join(EPISODE_TIME)} |", "| --- | --- |" + " --- |" * len(EPISODE_TIME)]
+    for family in FAMILIES:
+        for arm, trains in runs.items():
+            cells = [average([v for t in trains for v in t["families"].get(family, {}).get(name, [])])
+                     for name in EPISODE_TIME]
+            lines.append(f"| {family} | {arm} | {' | '.join(cells)} |")
+    return [*lines, ""]
+
+
 def binomial_se(p: float, n: int) -> float:
     """Standard error of a success rate ``p`` measured on ``n`` episodes."""
     return math.sqrt(p * (1 - p) / n) if n else math.nan
@@ -592,7 +666,7 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
         per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in FAMILIES)
         lines.append(f"| {r['arm']} | {r['seed']} | {t['steps']} | {t['trajectories']:.0f} | {per} "
                      f"| {t['train_s']:.0f} |")
-    return "\n".join([*lines, "", *cross_policy_table(trained)]) + "\n"
+    return "\n".join([*lines, "", *speed_table(records), *cross_policy_table(trained)]) + "\n"
 
 
 def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
@@ -650,9 +724,13 @@ def plot(stats: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def headline(stats: dict[str, dict[str, Any]]) -> str:
-    """The last line: each arm's mean success over families and its standard error over seeds."""
-    return " ".join(f"{arm}={row['mean'][0]:.3f} {arm}_se={row['mean'][1]:.3f}" for arm, row in stats.items())
+def headline(stats: dict[str, dict[str, Any]], speed: dict[str, Any] | None = None) -> str:
+    """The last line: each arm's mean success over families and its standard error over seeds, and the
+    asynchronous pipeline's speedup (:func:`speedups`) where ``speed`` has it."""
+    line = " ".join(f"{arm}={row['mean'][0]:.3f} {arm}_se={row['mean'][1]:.3f}" for arm, row in stats.items())
+    if speed is not None:
+        line += f" speedup={speed['speedup'][0]:.3f} speedup_se={speed['speedup'][1]:.3f}"
+    return line
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -689,9 +767,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = load_runs(workdir)
     stats = arm_statistics(records)
     settings = describe(records)
+    speed = speedups(records)
     (workdir / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats,
-                                                      "paired": paired_differences(records), "runs": records},
-                                                     indent=2))
+                                                      "paired": paired_differences(records), "speed": speed,
+                                                      "runs": records}, indent=2))
     (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
     try:
         plot(stats, workdir / "ablation.png")
@@ -699,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("matplotlib is not installed: no ablation.png")
     print(summary_markdown(records, stats, settings))
     print(f"workdir={workdir}")
-    print(headline(stats))
+    print(headline(stats, speed))
     return 0
 
 

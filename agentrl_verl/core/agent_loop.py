@@ -377,6 +377,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             env_reward=episode.env_reward,
             turns=episode.turns,
             env_latency_s=episode.env_latency_s,
+            generate_s=episode.generate_s,
             generated_tokens=episode.generated_tokens,
             env_tokens=episode.env_tokens,
             resumed_turns=episode.resumed_turns,

@@ -37,6 +37,7 @@ class EpisodeRecord:
         env_reward: The environment's reward.
         turns: Assistant turns generated.
         env_latency_s: Seconds spent waiting for the environment.
+        generate_s: Seconds spent waiting for the policy's generations.
         generated_tokens: Tokens the policy generated.
         env_tokens: Tokens of the environment's messages.
         resumed_turns: Turns interrupted by a weight update and finished on the new weights.
@@ -54,6 +55,7 @@ class EpisodeRecord:
     env_reward: float
     turns: int
     env_latency_s: float = 0.0
+    generate_s: float = 0.0
     generated_tokens: int = 0
     env_tokens: int = 0
     resumed_turns: int = 0

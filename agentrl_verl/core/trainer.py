@@ -110,6 +110,10 @@ def compute_task_norm_grpo_advantage(
 # ---- per-task episode metrics ------------------------------------------------------------------------
 
 
+TAIL_FIELDS = ("turns", "env_latency_s", "generate_s")
+"""Episode fields whose 90th percentile per task is a metric too: where an episode's time goes, and its tail."""
+
+
 def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agentrl") -> dict[str, float]:
     """Per-task and overall metrics of finished episodes, from the ``agentrl_agent`` extras.
 
@@ -121,9 +125,10 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
     Returns:
         ``{prefix}/{task}/{name}`` and ``{prefix}/all/{name}`` for name in ``reward``, ``success_rate``
         (:func:`~agentrl_verl.core.episode.is_success`), ``turns``, ``generated_tokens``,
-        ``env_tokens``, ``env_latency_s`` (means), ``episodes``, ``env_retries`` (attempts the environment lost,
-        played again), ``env_unavailable_s`` (the longest an episode waited for the environment) and
-        ``status/<status>`` (counts, spaces as ``_``).
+        ``env_tokens``, ``env_latency_s``, ``generate_s`` (means), ``turns_p90``, ``env_latency_s_p90``,
+        ``generate_s_p90`` (90th percentiles over the episodes: the tail that a synchronous step waits for),
+        ``episodes``, ``env_retries`` (attempts the environment lost, played again), ``env_unavailable_s`` (the
+        longest an episode waited for the environment) and ``status/<status>`` (counts, spaces as ``_``).
     """
     groups: dict[str, list[EpisodeRecord]] = defaultdict(list)
     for record in map(EpisodeRecord.from_extra_fields, extras):
@@ -135,8 +140,10 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
         base = f"{prefix}/{task}"
         metrics[f"{base}/episodes"] = float(len(rows))
         metrics[f"{base}/success_rate"] = float(np.mean([r.success for r in rows]))
-        for name in ("reward", "turns", "generated_tokens", "env_tokens", "env_latency_s"):
+        for name in ("reward", "turns", "generated_tokens", "env_tokens", "env_latency_s", "generate_s"):
             metrics[f"{base}/{name}"] = float(np.mean([float(getattr(r, name)) for r in rows]))
+        for name in TAIL_FIELDS:
+            metrics[f"{base}/{name}_p90"] = float(np.percentile([float(getattr(r, name)) for r in rows], 90))
         # Environment losses: episodes played again on the same prompt, and the longest wait for the environment.
         metrics[f"{base}/env_retries"] = float(sum(r.env_retries for r in rows))
         metrics[f"{base}/env_unavailable_s"] = float(max(r.env_unavailable_s for r in rows))

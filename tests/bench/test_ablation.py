@@ -41,7 +41,8 @@ from bench.common import cpu_shares, saved_record
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
     named = arms()
     assert list(named) == ["full", "fixed_pool", "no_task_norm", "no_cross_policy", "single_calc", "single_kg",
-                           "single_webshop"]
+                           "single_webshop", "sync"]
+    assert named["sync"].overrides == ("trainer.v1.trainer_mode=agentrl_sync",) and named["sync"].families == FAMILIES
     assert named["full"].overrides == () and named["full"].families == FAMILIES and not named["full"].fixed_model
     assert named["fixed_pool"].fixed_model and named["fixed_pool"].families == FAMILIES
     assert named["no_task_norm"].overrides == ("agentrl.task_adv_norm=off",)
@@ -67,7 +68,9 @@ def test_size_overrides_keep_one_mini_batch_per_step_and_one_group_per_micro_bat
 
 def test_parse_args_defaults_and_limits():
     args = parse_args([])
-    assert args.arms == list(arms()) and args.seeds == [0, 1, 2] and args.eval_size == HELD_OUT
+    # The paper's ablation by default; the synchronous arm (the speedup's baseline) when named.
+    assert args.arms == [arm for arm in arms() if arm != "sync"] and args.seeds == [0, 1, 2]
+    assert args.eval_size == HELD_OUT and parse_args(["--arms", "full", "sync"]).arms == ["full", "sync"]
     with pytest.raises(SystemExit):
         parse_args(["--eval-size", str(HELD_OUT + 1)])
     with pytest.raises(SystemExit):
@@ -437,3 +440,41 @@ def test_the_default_fixed_model_is_the_warm_up_on_another_order_of_the_same_dem
     assert other.warmup.seed == FIXED_WARMUP_SEED != config.warmup.seed
     assert other.tasks == config.tasks and other.demonstrations == config.demonstrations
     assert warmup_key(tmp_path, other) != warmup_key(tmp_path, config)  # cached apart
+
+
+def _timed(step: int, seconds: float, gen: float, wait: float | None, latency: float) -> dict:
+    row = _step(step, {f: 8.0 for f in FAMILIES}, seconds=seconds)
+    row["data"].update({"timing_s/gen": gen, "timing_s/update_actor": 1.0})
+    if wait is not None:  # the asynchronous trainer's
+        row["data"].update({"timing_s/async/wait_for_batch": wait, "async/trainer_idle_fraction": wait / seconds,
+                            "async/rollout_idle_fraction": 0.25})
+    for family in FAMILIES:
+        row["data"].update({f"agentrl/{family}/env_latency_s": latency, f"agentrl/{family}/generate_s": 2.0,
+                            f"agentrl/{family}/env_latency_s_p90": 3 * latency, f"agentrl/{family}/turns_p90": 4.0})
+    return row
+
+
+def test_the_speedup_pairs_sync_and_full_by_seed_and_says_where_the_time_goes():
+    records = []
+    for seed, (sync_s, full_s) in enumerate([(30.0, 10.0), (20.0, 10.0)]):
+        for arm, seconds, wait in (("sync", sync_s, None), ("full", full_s, 1.0)):
+            history = [_timed(step, seconds / 2, seconds / 4, wait and wait / 2, 0.5 * step) for step in (1, 2)]
+            records.append({"arm": arm, "seed": seed, "train": train_summary(history, FAMILIES)})
+    records.append({"arm": "sync", "seed": 7, "train": records[0]["train"]})  # no full run of seed 7: not paired
+    timing = records[1]["train"]["timing"]
+    assert timing["gen"] == pytest.approx(2.5) and timing["async/wait_for_batch"] == pytest.approx(0.5)
+    assert timing["trainer_idle_fraction"] == pytest.approx(0.1) and timing["rollout_idle_fraction"] == 0.25
+    assert records[0]["train"]["timing"]["trainer_idle_fraction"] is None  # the synchronous trainer has none
+    assert records[0]["train"]["families"]["kg"]["env_latency_s_p90"] == [1.5, 3.0]
+
+    speed = ablation.speedups(records)
+    assert speed["seeds"] == [0, 1] and speed["per_seed"] == {0: 3.0, 1: 2.0}
+    assert speed["speedup"] == pytest.approx((2.5, 0.5)) and speed["train_s"]["sync"] == pytest.approx((25.0, 5.0))
+    lines = ablation.speed_table(records)
+    assert "**2.50 +- 0.50** over 2 seeds (seed 0: 3.00, seed 1: 2.00)" in lines[2]
+    # async/wait_for_batch, gen, step, update_actor, then the idle fractions (none in the synchronous trainer)
+    assert "| full | 0.50 | 2.50 | 5.00 | 1.00 | 0.25 | 0.10 |" in lines
+    assert "| sync | - | 6.25 | 12.50 | 1.00 | - | - |" in lines
+    assert "| kg | sync | 2.00 | 0.75 | 4.00 | - | 2.25 |" in lines
+    assert ablation.headline({}, speed) == " speedup=2.500 speedup_se=0.500"
+    assert ablation.speedups(records[:1]) is None and ablation.speed_table(records[:1]) == []

@@ -136,3 +136,6 @@ def test_episode_metrics():
     assert m["agentrl/os/status/completed"] == 1 and m["agentrl/os/status/agent_context_limit"] == 1
     assert m["agentrl/db/status/task_error"] == 1 and m["agentrl/all/episodes"] == 3
     assert m["agentrl/all/generated_tokens"] == pytest.approx(40 / 3)
+    # The tail of each task's episodes (numpy's linear percentile): os's two latencies 0.5 and 1.5.
+    assert m["agentrl/os/env_latency_s_p90"] == pytest.approx(1.4) and m["agentrl/os/turns_p90"] == pytest.approx(3.8)
+    assert m["agentrl/os/generate_s"] == 0.0 and m["agentrl/all/env_latency_s_p90"] == pytest.approx(1.3)
