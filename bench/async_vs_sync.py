@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous AgentRL training on one workload: ``python -m bench.async_vs_sync``.
 
 Both runs are verl's real ``main_ppo`` on CPU (``cpu_tiny`` preset, the ``agentrl_agent`` loop, ``task_norm_grpo``)
-against the same environment stack, from the same cold-started model, with the same seed, data, batch and number of
+against the same environment stack, from the same warmed-up model, with the same seed, data, batch and number of
 steps (so the same number of trained trajectories), on ``calc`` with a heavy-tailed environment latency per step
 (lognormal, capped); ``--tasks calc db`` adds the real ``db`` task (DBBench on SQLite), which the warmed-up tiny model
 never solves: its groups carry no gradient and only slow both runs.
@@ -15,7 +15,7 @@ start-up (Ray, workers, model loading) and the final checkpoint save are the sam
 its two runs, a pair evaluates both final models on held-out calc problems (sampled at the runs' temperature); the
 start model is evaluated once on the same problems.
 
-The cold start (the demo's supervised warm-up of the tiny model on calc) is built once and cached under
+The start model (the demo's supervised warm-up of the tiny model on calc) is built once and cached under
 ``$AGENTRL_CACHE_DIR``. ``--seeds 0 1 2 3 4`` runs one pair per seed (``--parallel P`` pairs at once, each in its own
 process, for machines with more cores; ``--pin`` gives each its own cores) and writes ``summary.md``,
 ``summary.json`` and ``pairs.png`` to ``--out``.
@@ -53,7 +53,7 @@ from agentrl_verl.harness.demo import exported_actor, load_demo_config
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
-from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
+from agentrl_verl.harness.warmup_cache import cached_warmup
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 from agentrl_verl.tools.evaluate import evaluate_model
 from bench.common import cpu_affinity, cpu_list, cpu_shares, mean_and_se, run_processes, saved_record
@@ -200,23 +200,18 @@ def start_held_out(workdir: Path, model: Path | None, size: int) -> float | None
     return success
 
 
-def cold_start_key(base: Path) -> str:
-    """Cache key of the cold-start model: everything that shapes it (base model, problems, demonstrations,
-    warm-up and evaluation settings, the warm-up code)."""
-    return cache_key(cold_start_settings(base))
-
-
-def cold_start_settings(base: Path) -> dict[str, Any]:
-    """What shapes the cold-start model, as JSON values (its cache key is their hash and the warm-up code's)."""
+def warmup_settings(base: Path) -> dict[str, Any]:
+    """What shapes the warm-up model, as JSON values (its cache key is their hash and the warm-up code's)."""
     import dataclasses
 
     return {"base": base.name, "calc_size": CALC_SIZE, "seed": DEMO.seed, "demonstrations": DEMO.demonstrations,
             "warmup": DEMO.warmup.model_settings(), "eval": dataclasses.asdict(DEMO.eval)}
 
 
-def cold_started_model() -> Path:
+def warmed_up_model() -> Path:
     """The tiny model after the demo's supervised warm-up on calc (its settings from ``demo_run.yaml``), built once
-    and kept under ``$AGENTRL_CACHE_DIR/async_vs_sync/`` keyed by :func:`cold_start_key`.
+    and kept under ``$AGENTRL_CACHE_DIR/async_vs_sync/`` keyed by :func:`warmup_settings` (as ``bench.ablation``
+    keeps its own).
 
     An untrained model ends every episode with a malformed first turn: a flat reward, and episodes that never
     reach the multi-turn latency tail. The warm-up is checked against the calc task (problem seed
@@ -231,7 +226,7 @@ def cold_started_model() -> Path:
     base = build_tiny_model()
 
     def build(output: Path) -> dict[str, Any]:
-        logger.info("cold start: supervised warm-up on calc")
+        logger.info("warm-up: supervised, on calc")
         tokenizer = AutoTokenizer.from_pretrained(base)
         held_out = list(range(CALC_SIZE, CALC_SIZE + DEMO.eval.warmup_indices))
         first_demo = held_out[-1] + 1
@@ -242,10 +237,10 @@ def cold_started_model() -> Path:
                                      lambda model, part: calc_successes(stack.url, model, tokenizer, held_out[part],
                                                                         DEMO.seed),
                                      DEMO.warmup)
-        logger.info("cold start: %d warm-up steps, held-out greedy success %.2f", warm.steps, warm.success)
+        logger.info("warm-up: %d steps, held-out greedy success %.2f", warm.steps, warm.success)
         return {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}
 
-    return cached_warmup(default_cache_dir() / "async_vs_sync", "cold-start", cold_start_settings(base), build).path
+    return cached_warmup(default_cache_dir() / "async_vs_sync", "warmup", warmup_settings(base), build).path
 
 
 def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
@@ -627,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = load_pairs(folders)
         start = start_held_out(workdir, None, args.eval_size)
     else:
-        model = Path(args.model).resolve() if args.model else cold_started_model()
+        model = Path(args.model).resolve() if args.model else warmed_up_model()
         if len(args.seeds) > 1 and args.parallel > 1:
             pairs = run_children(args, argv, workdir, model)
         else:

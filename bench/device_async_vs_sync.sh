@@ -5,7 +5,7 @@
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 # Run (device tool):  carry [".verl_bundle", DIR], command "bash bench/device_async_vs_sync.sh --seeds 0 1 2 3 4
 #                     --parallel 5 --steps 24 --batch 4 --n 8 --arms-at-once --pin --eval-size 400 --model DIR/COLD"
-#                     (arguments go to bench.async_vs_sync; --model takes a carried cold start as is; BENCH_TIMEOUT_S
+#                     (arguments go to bench.async_vs_sync; --model takes a carried warm-up model as is; BENCH_TIMEOUT_S
 #                     bounds the whole bench: those 24 steps took 8.1 min of a 10-minute command on 32 cores).
 # Small results (summary.md/json, pairs.png, each seed's pair.json, start.json, metrics and logs) go to $OUT as
 # runs.tgz; models stay behind in /tmp/async_vs_sync. A run cut off by the call's limit resumes with the same
@@ -28,7 +28,7 @@ collect() {
                            -o -name proc_stat.txt \) \
      -not -path '*/ckpt_*' -print0 \
      | tar czf "$OUT/runs.tgz" --null -T -)
-  tar czf "$OUT/cold_start.tgz" -C "$AGENTRL_CACHE_DIR" async_vs_sync 2>/dev/null
+  tar czf "$OUT/warmup.tgz" -C "$AGENTRL_CACHE_DIR" async_vs_sync 2>/dev/null
   python3 - "$WORK" > "$OUT/cpu_busy.txt" 2>&1 <<'PY'
 import glob, re, sys
 samples = []  # per 10 s: cpu -> (busy, total) counters; idle and iowait are not busy
@@ -66,5 +66,5 @@ echo "cpus $(nproc --all)"
 (while uptime; do sleep 60; done > "$OUT/load.txt") &
 (while echo "t $(date +%s)" && grep '^cpu[0-9]' /proc/stat; do sleep 10; done > "$WORK/proc_stat.txt") &
 timeout --kill-after=10 "${BENCH_TIMEOUT_S:-560}" python3 -m bench.async_vs_sync --out "$WORK" "$@" 2>&1 \
-  | tee "$OUT/bench.txt" | grep -E "cold start|seed [0-9]+: |step [0-9]+/|speedup|held.out|Error|error" | cut -c1-300
+  | tee "$OUT/bench.txt" | grep -E "warm-up|seed [0-9]+: |step [0-9]+/|speedup|held.out|Error|error" | cut -c1-300
 echo "bench rc=${PIPESTATUS[0]}"

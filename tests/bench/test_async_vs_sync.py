@@ -201,7 +201,7 @@ def no_verl(monkeypatch):
 
 
 def test_run_pair_keeps_a_pair_already_evaluated(tmp_path, no_verl):
-    args, model = _args(), tmp_path / "cold-start-abc"
+    args, model = _args(), tmp_path / "warmup-abc"
     _trained(tmp_path, args, 4, model, evaluated=True)
     pair = run_pair(args, 4, tmp_path, model)
     assert pair["held_out"] == {"sync": 0.4, "async": 0.45}
@@ -209,7 +209,7 @@ def test_run_pair_keeps_a_pair_already_evaluated(tmp_path, no_verl):
 
 
 def test_run_pair_only_evaluates_a_trained_pair_whose_models_are_there(tmp_path, no_verl):
-    args, model = _args(), tmp_path / "cold-start-abc"
+    args, model = _args(), tmp_path / "warmup-abc"
     runs = _trained(tmp_path, args, 4, model, evaluated=False)
     pair = run_pair(args, 4, tmp_path, model)
     assert no_verl == {"train": 0, "evaluate": [["async", "sync"]]}
@@ -221,7 +221,7 @@ def test_run_pair_only_evaluates_a_trained_pair_whose_models_are_there(tmp_path,
 
 
 def test_run_pair_trains_again_when_the_models_are_gone(tmp_path, no_verl):
-    args, model = _args(), tmp_path / "cold-start-abc"
+    args, model = _args(), tmp_path / "warmup-abc"
     _trained(tmp_path, args, 4, model, evaluated=False)
     (tmp_path / "ckpt_async" / "global_step_3" / "actor" / "huggingface" / "config.json").unlink()
     run_pair(args, 4, tmp_path, model)
@@ -230,7 +230,7 @@ def test_run_pair_trains_again_when_the_models_are_gone(tmp_path, no_verl):
 
 
 def test_run_pair_evaluates_again_at_another_eval_size_and_not_at_zero(tmp_path, no_verl):
-    model = tmp_path / "cold-start-abc"
+    model = tmp_path / "warmup-abc"
     _trained(tmp_path, _args(), 4, model, evaluated=True)
     assert run_pair(_args("--eval-size", "100"), 4, tmp_path, model)["held_out_episodes"] == 100
     assert no_verl == {"train": 0, "evaluate": [["async", "sync"]]}
@@ -239,7 +239,7 @@ def test_run_pair_evaluates_again_at_another_eval_size_and_not_at_zero(tmp_path,
 
 
 def test_a_pair_of_other_settings_is_not_resumed(tmp_path, no_verl):
-    model = tmp_path / "cold-start-abc"
+    model = tmp_path / "warmup-abc"
     _trained(tmp_path, _args(), 4, model, evaluated=True)
     with pytest.raises(ValueError, match="other settings|not"):
         run_pair(_args("--max-staleness", "1"), 4, tmp_path, model)
@@ -272,7 +272,7 @@ class _FinishedChild:
 
 def test_run_children_starts_only_the_pairs_not_done(tmp_path, monkeypatch):
     argv = ["--steps", "3", "--seeds", "0", "1", "2", "--parallel", "2"]
-    args, model = parse_args(argv), tmp_path / "cold-start-abc"
+    args, model = parse_args(argv), tmp_path / "warmup-abc"
     for seed in (0, 2):
         (tmp_path / f"seed_{seed}").mkdir()
         _trained(tmp_path / f"seed_{seed}", args, seed, model, evaluated=True)
@@ -285,7 +285,7 @@ def test_run_children_starts_only_the_pairs_not_done(tmp_path, monkeypatch):
 
 
 def test_start_held_out_is_evaluated_once_per_folder(tmp_path, no_verl):
-    model = tmp_path / "cold-start-abc"
+    model = tmp_path / "warmup-abc"
     assert start_held_out(tmp_path, None, 200) is None  # --report before any evaluation
     assert start_held_out(tmp_path, model, 0) is None  # no evaluation asked for
     assert start_held_out(tmp_path, model, 200) == 0.5
@@ -398,7 +398,7 @@ def test_train_pair_pinned_at_once_gives_each_run_half_of_the_pairs_cpus(tmp_pat
 @needs_two_cpus
 def test_run_children_pinned_starts_each_pair_on_its_own_cpus(tmp_path, monkeypatch):
     argv = ["--steps", "3", "--seeds", "0", "1", "2", "--parallel", "2", "--pin"]
-    args, model = parse_args(argv), tmp_path / "cold-start-abc"
+    args, model = parse_args(argv), tmp_path / "warmup-abc"
     affinity = {}
 
     class Child(_FinishedChild):
