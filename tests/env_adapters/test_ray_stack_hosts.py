@@ -103,18 +103,26 @@ def cluster(network, tmp_path_factory) -> Iterator[list[str]]:
     process connected as the head's driver; yields the nodes' addresses."""
     ray_cli = str(Path(sys.executable).with_name("ray"))
     temp_dir = tmp_path_factory.mktemp("ray_hosts")
-    address = f"{HEAD_IP}:{_free_port(HEAD_IP)}"
     common = ["--block", "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
     # The raylets' connection to the GCS: 5 s by default, which a loaded machine can miss.
     env = {**os.environ, "RAY_gcs_rpc_server_connect_timeout_s": "60"}
-    procs = [subprocess.Popen([ray_cli, "start", "--head", f"--node-ip-address={HEAD_IP}",
-                               f"--port={address.rsplit(':', 1)[1]}", "--include-dashboard=false", *common],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)]
+    procs: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + NODES_UP_S
-        while subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline and procs[0].poll() is None, "the head node did not start"
-            time.sleep(1)
+        for _ in range(3):  # the GCS port is picked free, and another process may bind it first: pick again
+            address = f"{HEAD_IP}:{_free_port(HEAD_IP)}"
+            procs = [subprocess.Popen([ray_cli, "start", "--head", f"--node-ip-address={HEAD_IP}",
+                                       f"--port={address.rsplit(':', 1)[1]}", "--include-dashboard=false", *common],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                      env=env)]
+            while (procs[0].poll() is None and subprocess.run([ray_cli, "status", f"--address={address}"],
+                                                              capture_output=True).returncode != 0):
+                assert time.monotonic() < deadline, "the head node did not start"
+                time.sleep(1)
+            if procs[0].poll() is None:
+                break
+            _stop(procs)
+        assert procs[0].poll() is None, "the head node did not start"
         _connect(address)
         for count, (name, node_ip) in enumerate(NAMESPACES.items(), start=2):
             # One at a time: raylets of one machine starting at once race for their log files' names.

@@ -75,18 +75,17 @@ def _all_reduce_ones() -> list[float]:
         dist.destroy_process_group()
 
 
-def test_distributed_backend_is_plain_gloo(monkeypatch):
+def test_distributed_backend_is_plain_gloo(monkeypatch, tmp_path):
     from verl.utils import distributed
     from verl.workers import engine_workers
 
     assert engine_workers.initialize_global_process_group_ray is distributed.initialize_global_process_group_ray
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("DIST_INIT_METHOD", f"tcp://127.0.0.1:{port}")  # a user's explicit rendezvous is kept
+    store = tmp_path / "explicit"
+    monkeypatch.setenv("DIST_INIT_METHOD", f"file://{store}")  # a user's explicit rendezvous is kept
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     distributed.initialize_global_process_group_ray(timeout_second=30)
+    assert os.environ["DIST_INIT_METHOD"] == f"file://{store}"
     assert _all_reduce_ones() == [1.0, 1.0, 1.0]
 
 
