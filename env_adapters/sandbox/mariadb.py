@@ -124,9 +124,12 @@ class MariaDBServer(OwnedServer):
             init = subprocess.run(init_args, capture_output=True, text=True, timeout=120, env=self._env())
             if init.returncode != 0:
                 raise MariaDBError(f"mariadb-install-db failed ({init.returncode}): {init.stderr[-2000:]}")
-            self.port = free_port()
-            self.relaunch()
-            self.wait_ready()
+            def launch() -> None:
+                self.port = free_port()
+                self.relaunch()
+                self.wait_ready()
+
+            self._launch_on_free_ports(launch, lambda: [self.port])
         except BaseException:
             self.stop()
             raise
@@ -187,8 +190,10 @@ class MariaDBServer(OwnedServer):
             MariaDBError: it exited or did not come up within ``startup_timeout`` (with the end of its error log).
         """
         def accepts() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", self.port)) == 0
+            # On its own Unix socket, which mariadbd opens after binding its TCP port: a connection there is this
+            # server's (the TCP port could be another process's, one that took it first).
+            with socket.socket(socket.AF_UNIX) as s:
+                return s.connect_ex(str(self.folder / "mariadbd.sock")) == 0
 
         self._wait_until(accepts, "accept connections")
 

@@ -38,10 +38,26 @@ _exit_hooks_installed = False
 
 
 def free_port() -> int:
-    """A TCP port free on ``127.0.0.1`` right now."""
+    """A TCP port free on ``127.0.0.1`` right now (only until someone binds it: see
+    :meth:`OwnedServer._launch_on_free_ports`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    """Whether a socket listens on, or holds, ``port`` on ``127.0.0.1`` now (connections closing do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+PORT_ATTEMPTS = 3
+"""Launches of a server on freshly picked ports before losing one of them to another process is an error."""
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -196,6 +212,26 @@ class OwnedServer(ABC):
             return (self.folder / self.log_file).read_text(errors="replace")[-2000:]
         except (OSError, TypeError):  # no log yet, or no folder any more
             return "(no log)"
+
+    def _launch_on_free_ports(self, launch: Callable[[], None], ports: Callable[[], list[int | None]]) -> None:
+        """Run ``launch`` (it picks ``ports()`` with :func:`free_port`, starts the server and waits until it serves)
+        again on fresh ports while the server loses one of them, at most :data:`PORT_ATTEMPTS` times. A port picked
+        free stays free only until someone binds it; a server that exited while another process holds one of its
+        ports lost that race.
+
+        Raises:
+            error: the server failed otherwise, or lost a port on every launch.
+        """
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                launch()
+                return
+            except self.error:
+                exited = self._proc is not None and self._proc.poll() is not None
+                if attempt == PORT_ATTEMPTS or not exited or not any(p and port_taken(p) for p in ports()):
+                    raise
+                logger.warning("%s lost one of its ports %s to another process before binding it; starting it on "
+                               "others", type(self).__name__, ports())
 
     def _wait_until(self, ready: Callable[[], bool], what: str) -> None:
         """Poll ``ready()`` until it holds.

@@ -386,10 +386,13 @@ class VirtuosoServer(OwnedServer):
             return self
         binary = _binary("virtuoso-t")
         self._new_folder()
-        try:
+        buffers = max(2000, self.memory_mb * 1024 // 8)
+        dirs = ", ".join(str(d) for d in (self.folder, *load_dirs))
+
+        def launch() -> None:
             self.sql_port, self.http_port = free_port(), free_port()
-            buffers = max(2000, self.memory_mb * 1024 // 8)
-            dirs = ", ".join(str(d) for d in (self.folder, *load_dirs))
+            for lock in self.folder.glob("*.lck"):  # a launch that lost its port may leave its lock
+                lock.unlink()
             (self.folder / "virtuoso.ini").write_text(_INI.format(
                 d=self.folder, sql_port=self.sql_port, http_port=self.http_port, dirs=dirs, buffers=buffers,
                 dirty=buffers * 3 // 4, threads=self.threads))
@@ -400,6 +403,9 @@ class VirtuosoServer(OwnedServer):
             (self.folder / self.pid_file).write_text(str(self._proc.pid))
             stop_at_exit(self)
             self._wait_ready()
+
+        try:
+            self._launch_on_free_ports(launch, lambda: [self.sql_port, self.http_port])
         except BaseException:
             self.stop()
             raise

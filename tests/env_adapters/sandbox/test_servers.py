@@ -12,7 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from env_adapters.sandbox.servers import free_port, owned_folder, pid_alive, reap_stale_folders, stop_process
+from env_adapters.sandbox.servers import (
+    free_port,
+    owned_folder,
+    pid_alive,
+    port_taken,
+    reap_stale_folders,
+    stop_process,
+)
 
 PREFIX = "agentrl-test-server-"
 # An owner that makes its folder, starts a stand-in server naming the folder on its command line, and waits to be
@@ -90,3 +97,13 @@ def test_stop_process_kills_what_ignores_sigterm():
 def test_free_port_can_be_bound():
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
+
+
+def test_a_port_is_taken_while_a_socket_holds_it_bound_or_listening():
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        assert port_taken(port)
+        bound.listen()
+        assert port_taken(port)
+    assert not port_taken(port)  # closed: free again

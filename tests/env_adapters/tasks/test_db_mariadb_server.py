@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +17,7 @@ import pymysql
 import pytest
 
 from env_adapters.sandbox.mariadb import MariaDBError, MariaDBServer, reap_stale_servers
+from env_adapters.sandbox.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.mysql]
 
@@ -61,6 +64,21 @@ def test_stop_removes_process_and_folder(base_dir):
         conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
         conn.close()
     assert wait_gone(pid) and not folder.exists()
+
+
+def test_a_server_whose_port_another_process_took_first_starts_on_another(base_dir, monkeypatch, caplog):
+    from env_adapters.sandbox import mariadb
+
+    with socket.socket() as holder:  # took the picked port first: bound, not answering
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        monkeypatch.setattr(mariadb, "free_port", lambda: next(picks, None) or free_port())
+        with caplog.at_level(logging.WARNING, logger="env_adapters.sandbox.servers"), \
+                MariaDBServer(base_dir=base_dir) as server:
+            assert server.port != taken and server.running
+            pymysql.connect(host="127.0.0.1", port=server.port, user="root").close()
+    assert f"lost one of its ports [{taken}]" in caplog.text
 
 
 def test_killed_owner_takes_its_server_along_and_the_folder_is_reaped(base_dir):

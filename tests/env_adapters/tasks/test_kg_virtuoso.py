@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from env_adapters.sandbox.servers import free_port
+from env_adapters.tasks.kg import backends
 from env_adapters.tasks.kg.backends import VIRTUOSO_PREFIX
 from env_adapters.tasks.kg.expert import kg_expert
 from env_adapters.tasks.kg.task import KGTask
@@ -91,3 +95,19 @@ async def test_oracle_and_parity_with_embedded():
         await embedded.teardown()
     assert not Path(f"/proc/{server_pid}").exists() and not folder.exists()
     assert own_folders() == []
+
+
+def test_a_server_whose_port_another_process_took_first_starts_on_others(tmp_path, monkeypatch, caplog):
+    with socket.socket() as holder:  # took the first picked port first: bound, not answering
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        monkeypatch.setattr(backends, "free_port", lambda: next(picks, None) or free_port())
+        server = backends.VirtuosoServer(base_dir=tmp_path, memory_mb=64)
+        with caplog.at_level(logging.WARNING, logger="env_adapters.sandbox.servers"):
+            server.start()
+        try:
+            assert taken not in (server.sql_port, server.http_port) and server.running
+        finally:
+            server.stop()
+    assert "lost one of its ports" in caplog.text and list(tmp_path.iterdir()) == []
