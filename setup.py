@@ -26,6 +26,7 @@ TRAIN_REQUIRES = [
     "pandas",
     "pyarrow",
     "matplotlib",
+    "wrapt",  # post-import hooks: the CPU platform patches verl's engines only in processes that import them
 ]
 # The `alfworld` task: ALFWorld's TextWorld engine (builds Fast Downward from source, a few minutes; no THOR/torch
 # pieces).

@@ -118,3 +118,6 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
 def register() -> None:
     """Called by :mod:`agentrl_verl.plugin` (also in every Ray worker): adds the ``ray_object_store`` backend."""
     CheckpointEngineRegistry.register(BACKEND)(ObjectStoreCheckpointEngine)
+
+
+register()  # importing the module registers it: agentrl_verl.plugin imports it with its verl package

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import wrapt
 from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform
 
 from agentrl_verl.core.verl_seam import engine_registry
@@ -284,11 +285,8 @@ OPTIONAL_ENGINES_WARNING = r"(torchtitan|veomni|automodel|mindspeed|megatron) en
 
 def _register_cpu_engines() -> None:
     # verl.workers.engine.fsdp registers FSDPEngineWithLMHead / FSDPEngineWithValueHead for ("cuda", "npu") only;
-    # they reach the device through the platform, so the same classes serve the "cpu" key. This is the first import
-    # of verl.workers.engine in a process on the CPU platform (the plugin loads on `import verl`).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=OPTIONAL_ENGINES_WARNING, category=UserWarning)
-        registry = engine_registry()
+    # they reach the device through the platform, so the same classes serve the "cpu" key.
+    registry = engine_registry()
     for backends in registry.values():
         for backend in CPU_ENGINE_BACKENDS:
             registry = backends.get(backend, {})
@@ -357,12 +355,27 @@ def _patch_valuehead_attention() -> None:
         model_utils.load_valuehead_model = _sdpa_valuehead_loader(model_utils.load_valuehead_model)
 
 
-def apply_cpu_workarounds() -> None:
-    """Apply every CPU workaround (idempotent). Called by :func:`register` when the CPU platform is active."""
-    _patch_distributed_backend()
+ENGINE_PACKAGE = "verl.workers.engine"
+"""Importing it costs 3.5 s (the FSDP engine brings ``peft`` and ``datasets``); only the processes that build an
+engine need it, so its workarounds wait for its first import instead of importing it in every Ray worker."""
+
+
+def _patch_engines(_module: types.ModuleType | None = None) -> None:
     _register_cpu_engines()
     _patch_offload_policy()
+
+
+def apply_cpu_workarounds() -> None:
+    """Apply every CPU workaround (idempotent). Called by :func:`register` when the CPU platform is active; the
+    engines' follow the first import of :data:`ENGINE_PACKAGE` (at once where it is already imported)."""
+    _patch_distributed_backend()
     _patch_valuehead_attention()
+    if ENGINE_PACKAGE in sys.modules:
+        _patch_engines()
+    else:
+        # verl.workers.engine warns once per optional GPU engine it cannot import; none of them runs on CPU.
+        warnings.filterwarnings("ignore", message=OPTIONAL_ENGINES_WARNING, category=UserWarning)
+        wrapt.register_post_import_hook(_patch_engines, ENGINE_PACKAGE)
 
 
 def register() -> None:

@@ -470,3 +470,6 @@ def register() -> None:
 
     if TRAINER_REGISTRY.get(TRAINER_MODE) is not AgentRLAsyncTrainer:
         register_trainer(TRAINER_MODE)(AgentRLAsyncTrainer)
+
+
+register()  # importing the module registers it: agentrl_verl.plugin imports it with its verl package

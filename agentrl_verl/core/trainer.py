@@ -249,3 +249,6 @@ def register() -> None:
         register_adv_est(ESTIMATOR_NAME)(compute_task_norm_grpo_advantage)
     if TRAINER_REGISTRY.get(TRAINER_MODE) is not AgentRLSyncTrainer:
         register_trainer(TRAINER_MODE)(AgentRLSyncTrainer)
+
+
+register()  # importing the module registers it: agentrl_verl.plugin imports it with its verl package

@@ -59,3 +59,22 @@ def test_import_verl_registers_every_component(first_import):
     engines = out.pop("checkpoint_engines")
     assert out == EXPECTED
     assert "ray_object_store" in engines, engines
+
+
+def test_a_component_loads_with_the_verl_package_of_its_registry_only():
+    """A Ray worker that never looks a component up does not import it (the trainers and the agent loop cost seconds
+    in each of a run's processes); importing the registry's package registers it."""
+    code = """
+import json, sys
+import verl
+before = sorted(m for m in ("agentrl_verl.core.trainer", "agentrl_verl.core.async_trainer",
+                            "agentrl_verl.core.agent_loop", "verl.trainer.ppo.v1") if m in sys.modules)
+import verl.trainer.ppo.v1
+from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+print(json.dumps({"before": before, "loaded": "agentrl_verl.core.async_trainer" in sys.modules,
+                  "modes": sorted(m for m in TRAINER_REGISTRY if m.startswith("agentrl"))}))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {"before": [], "loaded": True, "modes": ["agentrl_async", "agentrl_sync"]}

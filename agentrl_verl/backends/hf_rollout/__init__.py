@@ -26,3 +26,6 @@ def register() -> None:
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     # verl 0.9.1 has no public API for this registry; the key layout (name, "async") is checked by the tests.
     rollout_adapter_registry()[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+
+
+register()  # importing the module registers it: agentrl_verl.plugin imports it with its verl package
