@@ -100,9 +100,12 @@ async def test_oracle_earns_one_on_dev_and_a_train_sample(stack):
             results[name] = await play_oracle(item, _send(env, started.session_id, transcripts[name]))
 
     async with EnvClient(stack.url) as env:
-        await asyncio.gather(*(play(env, *job) for job in jobs))
-    failures = {name: (r, transcripts[name]) for name, r in results.items() if r != ("completed", 1.0)}
-    assert len(results) == 65 and not failures
+        outcomes = await asyncio.gather(*(play(env, *job) for job in jobs), return_exceptions=True)
+    # Every item that did not earn 1, with what it got (or raised) and the end of its transcript.
+    failures = {job[0]: (results.get(job[0], outcome), transcripts.get(job[0], [])[-4:])
+                for job, outcome in zip(jobs, outcomes, strict=True)
+                if results.get(job[0]) != ("completed", 1.0)}
+    assert len(jobs) == 65 and not failures, "\n".join(f"{name}: {got!r}" for name, got in failures.items())
 
 
 async def test_wrong_answers_earn_zero_through_the_stack(stack):
