@@ -57,6 +57,7 @@ def differences(a: dict, b: dict, prefix: str = "") -> set[str]:
 
 VLLM_SETTINGS = {f"actor_rollout_ref.rollout.{key}" for key in (
     "name", "enable_sleep_mode", "enforce_eager", "engine_kwargs.vllm.kv_cache_memory_bytes",
+    "engine_kwargs.vllm.compilation_config",
     "checkpoint_engine.update_weights_bucket_megabytes")}
 
 
