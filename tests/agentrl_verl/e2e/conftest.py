@@ -4,10 +4,10 @@ serve this folder's test tasks.
 Test files cannot import each other (pytest's importlib mode), so the harness is handed out as fixtures:
 
 - ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None, python=sys.executable,
-  preset="cpu_tiny", started=None, returncode=0) -> log``: one run of ``python -m verl.trainer.main_ppo`` with the
-  preset (``cpu_tiny``, or ``cpu_vllm``) in its own session and Ray cluster (private temp dir), killed on timeout;
-  ``started`` gets the driver's ``Popen``; the log is written to ``workdir/NAME.log`` and an exit code other than
-  ``returncode`` fails the test.
+  preset="cpu_tiny", started=None, returncode=0, ray_address=None) -> log``: one run of ``python -m
+  verl.trainer.main_ppo`` with the preset (``cpu_tiny``, or ``cpu_vllm``) in its own session and Ray cluster (private
+  temp dir; ``ray_address``: on that running cluster instead), killed on timeout; ``started`` gets the driver's
+  ``Popen``; the log is written to ``workdir/NAME.log`` and an exit code other than ``returncode`` fails the test.
 - ``run_main_ppo(workdir, model_path, name, *overrides) -> (log, {step: metrics})``: ``main_ppo`` with the
   ``arith_data`` reward and a larger learning rate, metrics parsed from the console logger.
 - ``start_stack(workers, controller=None)``: a context manager running an :class:`EnvStack` (``controller``: its
@@ -66,10 +66,18 @@ def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeout_s: float = RUN_TIMEOUT_S,
              env: Mapping[str, str] | None = None, python: str = sys.executable, preset: str = "cpu_tiny",
-             started: Callable[[subprocess.Popen], None] | None = None, returncode: int = 0) -> str:
+             started: Callable[[subprocess.Popen], None] | None = None, returncode: int = 0,
+             ray_address: str | None = None) -> str:
     """Run main_ppo with ``preset`` on ``workdir``'s train/val parquet files under ``python``; return its log.
-    ``started`` gets the driver's process once it runs; the run must exit with ``returncode``."""
+    ``started`` gets the driver's process once it runs; the run must exit with ``returncode``; ``ray_address``: the
+    run joins that cluster, which offers its resources (the preset's ``num_cpus``/``num_gpus`` are for a cluster of
+    its own)."""
     ray_dir = Path("/tmp") / f"e2eray{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
+    if ray_address is None:
+        cluster = [f"+ray_kwargs.ray_init._temp_dir={ray_dir}"]
+    else:
+        cluster = [f"+ray_kwargs.ray_init.address={ray_address}", "ray_kwargs.ray_init.num_cpus=null",
+                   "ray_kwargs.ray_init.num_gpus=null"]
     cmd = [
         python, "-m", "verl.trainer.main_ppo",
         "--config-path", CONFIG_DIR, "--config-name", preset,
@@ -77,7 +85,7 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
         f"data.train_files={workdir / 'train.parquet'}",
         f"data.val_files={workdir / 'val.parquet'}",
         f"trainer.default_local_dir={workdir / 'ckpt'}",
-        f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        *cluster,
         *overrides,
     ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0", **(env or {})}
