@@ -1,4 +1,5 @@
-"""How the suite spreads over ``pytest -n N --dist loadfile`` workers (``scripts/test.sh``).
+"""How the suite spreads over ``pytest -n N --dist loadfile`` workers (``scripts/test.sh``), and the multi-node Ray
+cluster of the tests that need one (``ray_cluster``).
 
 Each test module is one unit of work, so that its module-scoped fixtures (a running stack, the demo run) serve all of
 its tests once. Units start longest first (:data:`LONG_FIRST`, measured), so that the last to finish ends the suite
@@ -7,6 +8,9 @@ soon; the rest keep their order. Without ``-n`` only the order applies. (Modules
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -25,3 +29,29 @@ LONG_FIRST = [
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+def start_ray_cluster(head: dict[str, Any], nodes: list[dict[str, Any]]) -> tuple[Any, list[Any]]:
+    """A Ray cluster of raylets on this machine (``ray.cluster_utils.Cluster``): a head of ``head``'s arguments and a
+    node per entry of ``nodes``; returns it and its nodes, the head first. A raylet that misses Ray's fixed 30 s
+    start-up wait (a loaded machine) is started once more, as the demo does."""
+    from ray.cluster_utils import Cluster
+
+    from agentrl_verl.harness.demo import RAY_START_TIMEOUT
+
+    for attempt in range(2):
+        cluster = Cluster()
+        try:
+            started = [cluster.add_node(**head)] + [cluster.add_node(**node) for node in nodes]
+            cluster.wait_for_nodes()
+            return cluster, started
+        except Exception as e:
+            cluster.shutdown()
+            if attempt or RAY_START_TIMEOUT not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(name="ray_cluster", scope="session")
+def _ray_cluster() -> Callable[..., tuple[Any, list[Any]]]:
+    return start_ray_cluster

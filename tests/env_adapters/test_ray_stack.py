@@ -20,7 +20,6 @@ from env_adapters.launcher import load_config
 from env_adapters.ray_stack import RayEnvStack, StackStartError
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402 - after the skip
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +42,9 @@ def stack_config(**controller) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": NODE_RESOURCES[0],
-                                                            "include_dashboard": False})
-    nodes = [cluster.head_node] + [cluster.add_node(num_cpus=1, resources=r) for r in NODE_RESOURCES[1:]]
-    cluster.wait_for_nodes()
+def cluster(ray_cluster):
+    cluster, nodes = ray_cluster({"num_cpus": 1, "resources": NODE_RESOURCES[0], "include_dashboard": False},
+                                 [{"num_cpus": 1, "resources": r} for r in NODE_RESOURCES[1:]])
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         yield cluster, nodes

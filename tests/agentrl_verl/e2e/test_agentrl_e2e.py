@@ -27,7 +27,6 @@ from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402 - after the skip
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -74,14 +73,12 @@ def controller_url() -> str | None:
 
 
 @pytest.fixture
-def cluster(monkeypatch):
+def cluster(monkeypatch, ray_cluster):
     # The raylets start the stack's processes: they import the test task from this folder.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the runs' own clusters (conftest's main_ppo)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1, "resources": HEAD,
-                                                            "include_dashboard": False})
-    nodes = [cluster.add_node(num_cpus=0, resources=r) for r in (NODE_A, NODE_B)]
-    cluster.wait_for_nodes()
+    cluster, (_, *nodes) = ray_cluster({"num_cpus": 8, "num_gpus": 1, "resources": HEAD, "include_dashboard": False},
+                                       [{"num_cpus": 0, "resources": r} for r in (NODE_A, NODE_B)])
     try:
         yield cluster, nodes
     finally:
