@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +39,7 @@ from env_adapters import __version__
 from env_adapters.http import (
     DEFAULT_MAX_BODY_MB,
     SHUTDOWN_GRACE_S,
+    TOKEN_ENV,
     ClientError,
     Handler,
     HTTPClient,
@@ -573,7 +575,9 @@ class Controller:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="bind port (0: any free port)")
-    parser.add_argument("--token", help="shared token required on every route (required off loopback)")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"shared token required on every route (required off loopback; default ${TOKEN_ENV}, "
+                        "which other users of the host cannot read as they can a command line)")
     parser.add_argument("--allow-no-token", action="store_true",
                         help="listen off loopback without a token (trusted networks only; logged loudly)")
     parser.add_argument("--url-file", help="write the controller's URL to this file once it serves")

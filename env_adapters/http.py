@@ -178,6 +178,12 @@ def body_message(data: dict[str, Any]) -> dict[str, Any]:
     return messages[0]
 
 
+TOKEN_ENV = "AGENTRL_ENV_TOKEN"
+"""The shared token of ``agentrl-env controller`` and ``worker`` when ``--token`` is not given. The stack launchers
+pass it this way: a command line is visible to every user of the host (``ps``), a process's environment only to its
+owner."""
+
+
 def auth_headers(token: str | None) -> dict[str, str]:
     """The ``Authorization`` header for a shared token (none without one)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -251,9 +257,9 @@ def check_bind(host: str, token: str | None, allow_no_token: bool = False) -> No
     if not allow_no_token:
         raise InsecureBindError(
             f"refusing to listen on {host!r} without a token: anyone who can reach that address could start "
-            "sessions and run commands in task containers. Set a token (--token; `controller.token` in a stack "
-            "YAML, with `agentrl.env.token` on the training side), bind 127.0.0.1, or, on a trusted network only, "
-            "pass --allow-no-token (`controller.allow_no_token: true`)")
+            f"sessions and run commands in task containers. Set a token (${TOKEN_ENV} or --token; `controller.token` "
+            "in a stack YAML, with `agentrl.env.token` on the training side), bind 127.0.0.1, or, on a trusted network "
+            "only, pass --allow-no-token (`controller.allow_no_token: true`)")
     logger.warning("listening on %s WITHOUT A TOKEN (--allow-no-token): anyone who can reach it can start sessions "
                    "and run commands in task containers; use this on a trusted network only", host)
 

@@ -44,7 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
-from env_adapters.http import ensure_token_file
+from env_adapters.http import TOKEN_ENV, ensure_token_file
 from env_adapters.sandbox.servers import term_with_parent
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
@@ -148,6 +148,12 @@ class StackStartError(RuntimeError):
     """A process of the stack did not come up; the message says which and why."""
 
 
+def child_env(token_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment for a stack process, with the stack's token (``token_env``) and no other: a
+    ``$AGENTRL_ENV_TOKEN`` of the caller's shell never reaches a stack that has none."""
+    return {**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **token_env}
+
+
 class EnvStack:
     """Start a controller and workers as subprocesses; stop them all on exit (also on exceptions).
 
@@ -184,12 +190,12 @@ class EnvStack:
 
     def _spawn(self, label: str, args: list[str], placement: RayPlacement | None = None) -> subprocess.Popen:
         """Start ``agentrl-env ARGS`` as process ``label`` (``placement`` is for launchers that place processes)."""
-        cmd = [*self.command, *args]
+        cmd, env = [*self.command, *args], child_env(self._token_env())
         # SIGTERM (the tasks tear down) when the thread that starts it ends, also when this process is SIGKILLed.
         if self.inherit:
-            return subprocess.Popen(cmd, preexec_fn=term_with_parent)
+            return subprocess.Popen(cmd, env=env, preexec_fn=term_with_parent)
         with open(self.log_dir / f"{label}.log", "ab") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=term_with_parent)
 
     def _tail(self, label: str, lines: int = 15) -> str:
@@ -198,8 +204,9 @@ class EnvStack:
             return "(see its output above)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
-    def _token_args(self) -> list[str]:
-        return ["--token", self.token] if self.token else []
+    def _token_env(self) -> dict[str, str]:
+        """The token for the stack's processes: through their environment, never on a command line (``ps``)."""
+        return {TOKEN_ENV: self.token} if self.token else {}
 
     def _worker_args(self) -> list[str]:
         """Arguments every worker gets besides its entry's (where it binds)."""
@@ -212,7 +219,7 @@ class EnvStack:
                 *(["--allow-no-token"] if spec.allow_no_token else [])]
         for key, value in (spec.model_extra or {}).items():
             args += [f"--{key.replace('_', '-')}", str(value)]
-        return args + self._token_args()
+        return args
 
     def start(self) -> str:
         """Start everything and wait until all workers registered; return the controller URL."""
@@ -249,7 +256,7 @@ class EnvStack:
                 label = f"worker{i}.{r}-{spec.name or spec.task}"
                 cmd = ["worker", "--task", spec.task, "--name", spec.name or spec.task, "--controller", self.url,
                        "--concurrency", str(spec.concurrency), *options,
-                       "--heartbeat-interval", str(spec.heartbeat_interval), *self._token_args(), *self._worker_args()]
+                       "--heartbeat-interval", str(spec.heartbeat_interval), *self._worker_args()]
                 if spec.threads is not None:
                     cmd += ["--threads", str(spec.threads)]
                 self._worker_cmds.append((cmd, spec.ray))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from env_adapters.http import is_loopback
-from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError
+from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError, child_env
 from env_adapters.sandbox.containers import docker_available
 from env_adapters.sandbox.servers import term_with_parent
 
@@ -60,17 +60,19 @@ class ProcessHost:
     Args:
         command: The process's command; :data:`NODE_IP` and :data:`NODE_ID` are replaced by this node's.
         url_file: For the controller: the file it writes its URL to, read back by :meth:`url`.
+        token_env: The stack's token for the process's environment (see :func:`~env_adapters.launcher.child_env`).
     """
 
-    def __init__(self, command: list[str], url_file: str | None = None) -> None:
+    def __init__(self, command: list[str], url_file: str | None = None,
+                 token_env: dict[str, str] | None = None) -> None:
         import ray
 
         self.node_ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.url_file, self._stopping, self._last = url_file, False, collections.deque(maxlen=TAIL_LINES)
         command = [a.replace(NODE_IP, self.node_ip).replace(NODE_ID, self.node_id) for a in command]
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, errors="replace",
+        self.proc = subprocess.Popen(command, env=child_env(token_env or {}), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace",
                                      # SIGTERM when the actor dies, however it dies, so its task tears down (the
                                      # signal follows the forking thread: an actor runs on its main one).
                                      preexec_fn=term_with_parent)
@@ -240,7 +242,7 @@ class RayEnvStack(EnvStack):
             if placement.memory is not None:
                 options["memory"] = placement.memory
         actor = ray.remote(ProcessHost).options(name=f"{label}-{os.getpid()}-{id(self)}", **options).remote(
-            [*self.command, *args], url_file)
+            [*self.command, *args], url_file, self._token_env())
         return RayProcess(actor)
 
     def _worker_args(self) -> list[str]:

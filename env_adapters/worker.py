@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Coroutine
@@ -40,6 +41,7 @@ from env_adapters.http import (
     DEFAULT_MAX_BODY_MB,
     ENVELOPE_BYTES,
     SHUTDOWN_GRACE_S,
+    TOKEN_ENV,
     ClientError,
     Handler,
     HTTPClient,
@@ -455,8 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="threads for blocking task code (default: the concurrency)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (repeatable)")
     parser.add_argument("--config", help="YAML file of task options")
-    parser.add_argument("--token", help="shared token (required on our routes, sent to the controller; required off "
-                        "loopback)")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"shared token (required on our routes, sent to the controller; required off loopback; "
+                        f"default ${TOKEN_ENV}, which other users of the host cannot read as they can a command line)")
     parser.add_argument("--allow-no-token", action="store_true",
                         help="listen off loopback without a token (trusted networks only; logged loudly)")
     parser.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL)

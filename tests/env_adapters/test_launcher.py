@@ -8,9 +8,11 @@ import sys
 import time
 from importlib import resources
 
+import psutil
 import pytest
 
 from env_adapters.client import EnvClient, EnvRequestError
+from env_adapters.http import TOKEN_ENV
 from env_adapters.launcher import EnvStack, StackStartError, load_config
 
 CALL = {"id": "c1", "type": "function",
@@ -149,11 +151,16 @@ def test_a_token_source_is_one_of_token_and_token_file(tmp_path):
 
 
 @pytest.mark.slow
-async def test_a_stack_with_a_token_file_serves_only_requests_that_carry_it(tmp_path):
+async def test_a_stack_with_a_token_file_serves_only_requests_that_carry_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "a token of the caller's shell")  # never reaches the stack: its own token does
     token_file = tmp_path / "env.token"
     config = {"controller": {"port": 0, "token_file": str(token_file)}, "workers": [{"task": "calc"}]}
     with EnvStack(config) as stack:
         token = token_file.read_text().strip()
+        # The processes got the token through their environment: no command line (`ps`, any user) shows it.
+        processes = [stack.controller.pid] + [proc.pid for _, proc in stack.workers]
+        assert not any(token in " ".join(psutil.Process(pid).cmdline()) for pid in processes)
+        assert all(psutil.Process(pid).environ().get(TOKEN_ENV) == token for pid in processes)
         async with EnvClient(stack.url, token=token) as client:
             assert len(await client.get_indices("calc")) > 0
         async with EnvClient(stack.url) as client:
