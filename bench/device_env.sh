@@ -6,6 +6,10 @@
 # platform is asked for explicitly (the host has a GPU; hiding it would make Ray refuse the logical GPUs the CPU
 # preset asks for), unless DEVICE_GPU=1 (benches of the GPU path).
 bash .verl_bundle/install.sh .verl_bundle /tmp/site >/dev/null || { echo "bundle install failed"; exit 1; }
+# The plugin's post-import hooks need wrapt, which the shared bundle does not bring: add its wheel to the bundle here
+# (pip download wrapt --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps -d .verl_bundle).
+PYTHONPATH=/tmp/site python3 -c "import wrapt" 2>/dev/null \
+  || { echo "wrapt is missing: add its cp312 wheel to .verl_bundle (see bench/device_env.sh)"; exit 1; }
 if [ -f "${WHEELS:-}" ]; then
   tar xJf "$WHEELS" -C /tmp/site || { echo "wheels failed"; exit 1; }
 elif [ -n "${WHEELS:-}" ]; then
