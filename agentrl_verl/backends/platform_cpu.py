@@ -370,12 +370,9 @@ def apply_cpu_workarounds() -> None:
     engines' follow the first import of :data:`ENGINE_PACKAGE` (at once where it is already imported)."""
     _patch_distributed_backend()
     _patch_valuehead_attention()
-    if ENGINE_PACKAGE in sys.modules:
-        _patch_engines()
-    else:
-        # verl.workers.engine warns once per optional GPU engine it cannot import; none of them runs on CPU.
-        warnings.filterwarnings("ignore", message=OPTIONAL_ENGINES_WARNING, category=UserWarning)
-        wrapt.register_post_import_hook(_patch_engines, ENGINE_PACKAGE)
+    # verl.workers.engine warns once per optional GPU engine it cannot import; none of them runs on CPU.
+    warnings.filterwarnings("ignore", message=OPTIONAL_ENGINES_WARNING, category=UserWarning)
+    wrapt.register_post_import_hook(_patch_engines, ENGINE_PACKAGE)
 
 
 def register() -> None:

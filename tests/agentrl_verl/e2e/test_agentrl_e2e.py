@@ -25,6 +25,7 @@ import yaml
 
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
+from env_adapters.http import auth_headers
 
 ray = pytest.importorskip("ray")
 
@@ -52,7 +53,7 @@ def stack_config() -> dict:
 
 
 def api(url: str, route: str) -> dict:
-    request = urllib.request.Request(f"{url}/api/{route}", headers={"Authorization": f"Bearer {TOKEN}"})
+    request = urllib.request.Request(f"{url}/api/{route}", headers=auth_headers(TOKEN))
     with urllib.request.urlopen(request, timeout=5) as resp:
         return json.loads(resp.read())
 
