@@ -492,9 +492,23 @@ def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path):
     assert _leftovers(str(out)) == []
 
 
+def _trainer_workers_up(demo: subprocess.Popen) -> bool:
+    """Whether the demo's RL run has its trainer's worker group (verl's ``WorkerDict`` actor) running: the run's Ray
+    cluster, task runner and workers are up. (Its log lines reach verl.log through Ray's log monitor, seconds late.)"""
+    import psutil
+
+    for child in psutil.Process(demo.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[:1] and child.cmdline()[0].startswith("ray::WorkerDict"):
+                return True
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_HANG_GUARD_S)
 def test_ctrl_c_during_rl_stops_everything(tmp_path):
+    # Interrupted once verl's worker group is up (its rollout servers and agent loop still starting): the same
+    # teardown as during a step (the run's process group, its Ray cluster, the demo's stack), at half the run's cost.
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--output-dir", str(out),
            "--config", str(_settings_without_os(tmp_path)), "--set", "warmup.max_steps=5", "--set",
@@ -506,8 +520,10 @@ def test_ctrl_c_during_rl_stops_everything(tmp_path):
         for line in proc.stderr:  # however long a loaded machine takes to get there
             match = re.search(r"environment stack at (http://[\d.]+:\d+)", line)
             url = match.group(1) if match else url
-            if "RL step 1/" in line:
+            if ": RL: " in line:  # the run is launched
                 break
+        while proc.poll() is None and not _trainer_workers_up(proc):
+            time.sleep(0.5)
         assert url is not None and proc.poll() is None, "the demo did not reach RL"
     finally:
         # Also when the test fails or times out: a demo killed outright could not stop its RL run and stack.
