@@ -287,7 +287,15 @@ class OSTask(Task):
         return list(range(len(self.items)))
 
     async def setup(self) -> None:
-        self.client = await self.call(docker.from_env)
+        try:
+            self.client = await self.call(docker.from_env)
+        except docker.errors.DockerException as e:
+            # On a Ray cluster the stack places `os` replicas by a custom resource that only nodes running a daemon
+            # should offer: a replica landing here means the cluster declared it on the wrong node.
+            raise TaskError(
+                f"os: no Docker daemon answers on this host ({e}). Start one (bash scripts/setup.sh does), or on a Ray "
+                f"cluster declare the resource that places os replicas (e.g. ray start --resources "
+                f"'{{\"docker\": 64}}') only on nodes whose daemon answers") from e
         self.pool = ContainerPool(self.client, limits=self.limits, size=self.pool_size, prepare=self._open_shell,
                                   reap_interval=self.reap_interval)
         await self.pool.start()

@@ -141,3 +141,13 @@ def test_a_network_is_an_opt_in_that_is_said_out_loud(caplog):
         assert OSTask().limits.network == "none" and not caplog.records  # loopback only, silently
         assert OSTask(network="bridge").limits.network == "bridge"
     assert "'bridge'" in caplog.text and "reach the network" in caplog.text
+
+
+async def test_a_host_without_a_docker_daemon_fails_setup_naming_the_placement_resource(monkeypatch, tmp_path):
+    from env_adapters.task import TaskError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-daemon.sock'}")  # nothing listens there
+    task = OSTask()
+    with pytest.raises(TaskError, match=r"no Docker daemon answers on this host .*--resources '\{\"docker\": 64\}'"):
+        await task.setup()
+    await task.teardown()
