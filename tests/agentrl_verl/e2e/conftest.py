@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from agentrl_verl.harness.demo import RAY_START_TIMEOUT, rl_environment
+from agentrl_verl.harness.demo import RAY_START_TIMEOUT
 from agentrl_verl.harness.presets import CONFIG_DIR
 from env_adapters.launcher import EnvStack
 
@@ -88,9 +88,7 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
         *cluster,
         *overrides,
     ]
-    # The process settings of the demo's RL run (OpenMP threads that wait passively, TransferQueue's threads, every
-    # core at normal priority): torch's spinning threads in one run's workers take the cores the other runs need.
-    env = {**rl_environment(workdir / f"{name}.metrics.jsonl"), **(env or {})}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0", **(env or {})}
     for attempt in range(2):
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
