@@ -69,8 +69,14 @@ while IFS='=' read -r key value; do
     constraint) export UV_CONSTRAINT=${UV_CONSTRAINT:-$value} ;;
   esac
 done < <("$VENV/bin/pip" config list 2>/dev/null)
-# Install into the environment of interpreter $1.
-install_into() { local python=$1; shift; "$UV" pip install -q --python "$python" "$@"; }
+# Install into the environment of interpreter $1: from uv's cache alone where it holds everything (seconds: a second
+# set-up, or a new checkout on this machine), else from the indexes.
+install_into() {
+  local python=$1; shift
+  "$UV" pip install -q --offline --python "$python" "$@" 2>/dev/null && return
+  echo "[setup] uv's cache lacks some of it: fetching from the indexes"
+  "$UV" pip install -q --python "$python" "$@"
+}
 
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   step "installing CPU torch (torch==2.13.0, before anything that depends on torch)"
