@@ -34,7 +34,7 @@ from typing import Any
 
 from env_adapters.http import is_loopback
 from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError, child_env
-from env_adapters.sandbox.containers import docker_available
+from env_adapters.sandbox.containers import DOCKER_RESOURCE, docker_available
 from env_adapters.sandbox.servers import term_with_parent
 
 logger = logging.getLogger(__name__)
@@ -47,8 +47,6 @@ TAIL_LINES = 50
 """Lines of a process's output its actor keeps for error messages (all of it is in Ray's logs)."""
 CALL_TIMEOUT_S = 30.0
 """How long a call to a host actor may wait before the actor counts as unreachable for that call."""
-DOCKER_RESOURCE = "docker"
-"""The custom resource of nodes whose Docker daemon answers (declared by a local cluster this module starts)."""
 
 
 class ProcessHost:

@@ -112,6 +112,10 @@ class Lease:
     ready: Any = None
 
 
+DOCKER_RESOURCE = "docker"
+"""The Ray custom resource of nodes whose Docker daemon answers: the stack places `os` replicas by it."""
+
+
 def docker_available() -> bool:
     """Whether a Docker daemon answers (the ``os`` task needs one)."""
     try:

@@ -33,7 +33,7 @@ import docker
 import docker.errors
 
 from env_adapters.protocol import Index, SampleStatus
-from env_adapters.sandbox.containers import ContainerPool, Limits
+from env_adapters.sandbox.containers import DOCKER_RESOURCE, ContainerPool, Limits
 from env_adapters.sandbox.images import ensure_image
 from env_adapters.sandbox.shell import CommandResult, PersistentShell, ProcessResult, ShellBroken, exec_bounded
 from env_adapters.task import (
@@ -295,7 +295,7 @@ class OSTask(Task):
             raise TaskError(
                 f"os: no Docker daemon answers on this host ({e}). Start one (bash scripts/setup.sh does), or on a Ray "
                 f"cluster declare the resource that places os replicas (e.g. ray start --resources "
-                f"'{{\"docker\": 64}}') only on nodes whose daemon answers") from e
+                f"'{{\"{DOCKER_RESOURCE}\": 64}}') only on nodes whose daemon answers") from e
         self.pool = ContainerPool(self.client, limits=self.limits, size=self.pool_size, prepare=self._open_shell,
                                   reap_interval=self.reap_interval)
         await self.pool.start()

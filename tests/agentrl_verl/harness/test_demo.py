@@ -499,7 +499,7 @@ def _trainer_workers_up(demo: subprocess.Popen) -> bool:
 
     for child in psutil.Process(demo.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.cmdline()[:1] and child.cmdline()[0].startswith("ray::WorkerDict"):
+            if (child.cmdline() or [""])[0].startswith("ray::WorkerDict"):
                 return True
     return False
 
