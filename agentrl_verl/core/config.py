@@ -432,6 +432,11 @@ def check_run(config: AgentRLConfig, run_config: Any) -> None:
             "checkpoint engine cannot reach: set actor_rollout_ref.rollout.checkpoint_engine.backend=nccl on GPUs "
             "or =ray_object_store on CPU")
     agent_loop = _select(run_config, "actor_rollout_ref.rollout.agent.default_agent_loop")
+    if _select(run_config, "reward.num_workers") == 0 and agent_loop != AGENT_NAME:
+        # verl's agent loop hands an episode without a reward to a random reward worker: with none, it fails there.
+        problems.append(f"reward.num_workers=0 starts no reward worker, which only {AGENT_NAME} episodes do without "
+                        f"(the environment scores them): set actor_rollout_ref.rollout.agent.default_agent_loop="
+                        f"{AGENT_NAME}, or reward.num_workers to 1 or more")
     if agent_loop == AGENT_NAME and not config.env.url and config.env.launch != "ray":
         problems.append(f"{AGENT_NAME} needs the controller address: set +{ROOT}.env.url=http://HOST:PORT")
     if config.env.launch == "ray" and config.env.url:

@@ -385,8 +385,9 @@ def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s:
                                 cwd=out, preexec_fn=term_with_parent)
 
         def watch() -> None:  # a thread, since a hung run prints nothing the loop below could react to
+            # Every second: a driver that exited while leftovers hold its output open ends the loop below only here.
             while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s:
-                time.sleep(min(5.0, stall_s / 10))
+                time.sleep(min(1.0, stall_s / 10))
             if proc.poll() is None:
                 stalled.set()
             _stop_group(proc)  # also when the driver died: Ray's leftovers would hold its output open

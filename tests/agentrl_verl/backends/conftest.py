@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 FACTS = Path(__file__).with_name("vllm_cpu_facts.py")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one vLLM interpreter start (20 s here) for both modules that read them
 def facts(vllm_python) -> dict:
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -135,6 +135,8 @@ def _run(agentrl=None, **verl):
         {"name": "a", "base_url": "u", "model": "m"}]}},
      {"actor_rollout_ref.rollout.checkpoint_engine.backend": "ray_object_store"}, "endpoints is for evaluation"),
     ({}, {}, "agentrl_agent needs the controller address: set +agentrl.env.url"),
+    (None, {"reward.num_workers": 0, "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent"},
+     "reward.num_workers=0 starts no reward worker, which only agentrl_agent episodes do without"),
     ({"env": {"launch": "ray"}}, {}, "agentrl.env.launch=ray starts the stack of agentrl.env.stack: set it"),
     ({"env": {"launch": "ray", "stack": "env/stack.yaml"}}, {}, "must be an absolute path"),
     ({"env": {"launch": "ray", "stack": "/s.yaml", "url": "http://h"}}, {}, "remove agentrl.env.url"),
@@ -181,6 +183,7 @@ def test_consistent_combinations_pass():
                 **{"algorithm.rollout_correction.rollout_is": "token"})
     assert validate_run_config(keep).async_.stale_policy is StalePolicy.KEEP
     check_run(load_agentrl({}), _run(**{"actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent"}))
+    assert validate_run_config(_run(**{"reward.num_workers": 0})).env.url == "http://h:1"  # the environment scores
 
 
 @pytest.fixture(scope="module")

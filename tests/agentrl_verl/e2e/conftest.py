@@ -3,13 +3,15 @@ serve this folder's test tasks.
 
 Test files cannot import each other (pytest's importlib mode), so the harness is handed out as fixtures:
 
-- ``main_ppo(workdir, model_path, name, *overrides, timeout_s=RUN_TIMEOUT_S, env=None, python=sys.executable,
-  preset="cpu_tiny", started=None, returncode=0, ray_address=None) -> log``: one run of ``python -m
-  verl.trainer.main_ppo`` with the preset (``cpu_tiny``, or ``cpu_vllm``) in its own session and Ray cluster (private
-  temp dir; ``ray_address``: on that running cluster instead), killed on timeout; ``started`` gets the driver's
-  ``Popen``; the log is written to ``workdir/NAME.log`` and an exit code other than ``returncode`` fails the test.
-- ``run_main_ppo(workdir, model_path, name, *overrides) -> (log, {step: metrics})``: ``main_ppo`` with the
-  ``arith_data`` reward and a larger learning rate, metrics parsed from the console logger.
+- ``main_ppo(workdir, model_path, name, *overrides, agentrl_agent=True, timeout_s=RUN_TIMEOUT_S, env=None,
+  python=sys.executable, preset="cpu_tiny", started=None, returncode=0, ray_address=None) -> log``: one run of
+  ``python -m verl.trainer.main_ppo`` with the preset (``cpu_tiny``, or ``cpu_vllm``) in its own session and Ray
+  cluster (private temp dir; ``ray_address``: on that running cluster instead), killed on timeout; ``started`` gets
+  the driver's ``Popen``; the log is written to ``workdir/NAME.log`` and an exit code other than ``returncode`` fails
+  the test. Episodes run the ``agentrl_agent`` loop, scored by their environment (no reward worker is started);
+  ``agentrl_agent=False``: verl's default loop, scored by the ``arith_data`` reward.
+- ``run_main_ppo(workdir, model_path, name, *overrides, **kwargs) -> (log, {step: metrics})``: ``main_ppo`` with a
+  larger learning rate, metrics parsed from the console logger.
 - ``start_stack(workers, controller=None)``: a context manager running an :class:`EnvStack` (``controller``: its
   controller's settings) whose workers can import the test tasks of this folder (``chatter_task:ChatterTask``,
   ``latency_chatter_task:LatencyChatterTask``).
@@ -41,6 +43,9 @@ ARITH = HERE / "arith_data.py"
 RUN_TIMEOUT_S = 420
 # Larger than the preset's so that two steps move the actor visibly away from a frozen rollout.
 LR = "5e-3"
+# The environment scores every episode of the agentrl_agent loop: a reward worker (one more process importing verl,
+# about 12 CPU-s of a run's start-up here) would only idle.
+AGENTRL_AGENT = ["actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_agent", "reward.num_workers=0"]
 
 
 def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
@@ -64,14 +69,14 @@ def parse_step_metrics(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeout_s: float = RUN_TIMEOUT_S,
-             env: Mapping[str, str] | None = None, python: str = sys.executable, preset: str = "cpu_tiny",
-             started: Callable[[subprocess.Popen], None] | None = None, returncode: int = 0,
+def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, agentrl_agent: bool = True,
+             timeout_s: float = RUN_TIMEOUT_S, env: Mapping[str, str] | None = None, python: str = sys.executable,
+             preset: str = "cpu_tiny", started: Callable[[subprocess.Popen], None] | None = None, returncode: int = 0,
              ray_address: str | None = None) -> str:
     """Run main_ppo with ``preset`` on ``workdir``'s train/val parquet files under ``python``; return its log.
-    ``started`` gets the driver's process once it runs; the run must exit with ``returncode``; ``ray_address``: the
-    run joins that cluster, which offers its resources (the preset's ``num_cpus``/``num_gpus`` are for a cluster of
-    its own)."""
+    ``agentrl_agent``: the episodes' loop (else verl's default, with the arith reward); ``started`` gets the driver's
+    process once it runs; the run must exit with ``returncode``; ``ray_address``: the run joins that cluster, which
+    offers its resources (the preset's ``num_cpus``/``num_gpus`` are for a cluster of its own)."""
     ray_dir = Path("/tmp") / f"e2eray{os.getpid()}_{name}"  # short: Ray's socket paths have a length limit
     if ray_address is None:
         cluster = [f"+ray_kwargs.ray_init._temp_dir={ray_dir}"]
@@ -85,6 +90,7 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
         f"data.train_files={workdir / 'train.parquet'}",
         f"data.val_files={workdir / 'val.parquet'}",
         f"trainer.default_local_dir={workdir / 'ckpt'}",
+        *(AGENTRL_AGENT if agentrl_agent else [f"reward.custom_reward_function.path={ARITH}"]),
         *cluster,
         *overrides,
     ]
@@ -117,10 +123,8 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, timeou
 
 def run_main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str,
                  **kwargs: Any) -> tuple[str, dict[int, dict]]:
-    """:func:`main_ppo` (``kwargs`` go to it) with the arith reward and :data:`LR`; return its log and per-step
-    console metrics."""
-    log = main_ppo(workdir, model_path, name, f"reward.custom_reward_function.path={ARITH}",
-                   f"actor_rollout_ref.actor.optim.lr={LR}", *overrides, **kwargs)
+    """:func:`main_ppo` (``kwargs`` go to it) with :data:`LR`; return its log and per-step console metrics."""
+    log = main_ppo(workdir, model_path, name, f"actor_rollout_ref.actor.optim.lr={LR}", *overrides, **kwargs)
     return log, parse_step_metrics(log)
 
 

@@ -48,7 +48,6 @@ def run(main_ppo):
         main_ppo(
             workdir, build_tiny_model(), name,
             "data.max_prompt_length=96", "data.max_response_length=96", "data.seed=0",
-            "actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_agent",
             "actor_rollout_ref.actor.optim.lr=5e-3",
             "trainer.v1.trainer_mode=agentrl_sync", "trainer.logger=[console,file]",
             f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=3", "+agentrl.agent.max_new_tokens=8",

@@ -1,6 +1,7 @@
-"""A training run (verl's real ``main_ppo`` on CPU) whose environment fails under it while episodes are in flight:
-the controller killed with SIGKILL and started again on its port a few seconds later, then one of its two workers
-killed while both serve the episodes played again. One run takes both faults (each run costs verl's start-up)."""
+"""Training runs (verl's real ``main_ppo`` on CPU) that lose a part of themselves with episodes in flight: the
+environment's controller killed with SIGKILL and started again on its port a few seconds later, then one of its two
+workers killed while both serve episodes (one asynchronous run takes both, and shows the pipeline's staleness
+properties through them: each run costs verl's start-up); the driver killed between checkpoints and resumed."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from agentrl_verl.tools.cli import main as agentrl_verl_cli
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 3.0
-# Steps of half a second: an episode's three steps keep its session open long enough to be caught in flight.
+# Multi-turn episodes with a delay per environment step: they keep their sessions open long enough to be caught in
+# flight, and run on across the asynchronous trainer's weight updates.
 WORKER = {"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", "concurrency": 32,
           "heartbeat_interval": 0.5, "options": {"rounds": 3, "size": 32, "step_latency": {"dist": "fixed", "s": 0.5}}}
+STEPS = 4
+MAX_STALENESS = 1
+BATCH_GROUPS = 4  # the cpu_tiny preset: 4 prompts x 2 samples
 
 
 def list_sessions(url: str) -> dict[str, dict]:
@@ -36,56 +41,12 @@ def running_sessions(url: str) -> list[str]:
     return [s["worker_id"] for s in list_sessions(url).values() if s["status"] == "running"]
 
 
-def train_through(fault, stack, workdir, run_main_ppo, name: str) -> dict[int, dict]:
-    """Two steps of ``main_ppo`` on ``stack``; ``fault(run)`` runs (given the training thread) once sessions are in
-    flight. Returns the metrics, after checking that every group was trained whole: the lost episodes were played
-    again on their prompts, none trained as an error."""
-    assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir), "--train-size", "16",
-                             "--val-fraction", "0.25", "--seed", "0"]) == 0
+def test_an_async_run_survives_its_controller_killed_and_then_a_worker_killed_mid_episode(start_stack, tmp_path,
+                                                                                        run_main_ppo):
+    killed_in_flight = []
     outcome: dict = {}
 
-    def train() -> None:
-        try:
-            outcome["steps"] = run_main_ppo(
-                workdir, build_tiny_model(), name,
-                "trainer.total_training_steps=2",
-                "trainer.test_freq=-1",  # no validation: the sessions caught in flight are training's
-                "trainer.val_before_train=false",
-                "algorithm.adv_estimator=task_norm_grpo",
-                "trainer.v1.trainer_mode=agentrl_sync",
-                f"+agentrl.env.url={stack.url}",
-                "+agentrl.agent.max_turns=3",
-                "+agentrl.agent.max_new_tokens=24",
-                "+agentrl.agent.max_total_tokens=400",
-                "data.max_prompt_length=160",
-                "data.max_response_length=160",
-            )[1]
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
-            outcome["error"] = e
-
-    run = threading.Thread(target=train)
-    run.start()
-    try:
-        while run.is_alive() and not running_sessions(stack.url):
-            time.sleep(0.1)
-        assert run.is_alive(), outcome.get("error")
-        fault(run)
-    finally:
-        run.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    steps = outcome["steps"]
-    assert sorted(steps) == [1, 2]
-    for step, m in steps.items():
-        assert m["agentrl/all/episodes"] == 8 and m.get("agentrl/all/status/task_error", 0) == 0, (step, m)
-    return steps
-
-
-def test_a_run_survives_its_controller_killed_and_then_a_worker_killed_mid_episode(start_stack, tmp_path,
-                                                                                   run_main_ppo):
-    killed_in_flight = []
-
-    def faults(run: threading.Thread) -> None:
+    def faults() -> None:
         stack.kill_controller()  # the episodes in flight lose their sessions
         time.sleep(OUTAGE_S)
         stack.restart_controller()  # the workers re-register by heartbeat; the episodes are played again
@@ -96,12 +57,74 @@ def test_a_run_survives_its_controller_killed_and_then_a_worker_killed_mid_episo
         killed_in_flight.append(len(set(running_sessions(stack.url))) == 2)
         stack.kill_worker(0)
 
-    with start_stack([{**WORKER, "replicas": 2}]) as stack:
-        steps = train_through(faults, stack, tmp_path, run_main_ppo, "faults")
+    def train() -> None:
+        try:
+            outcome["steps"] = run_main_ppo(
+                tmp_path, build_tiny_model(), "faults",
+                f"trainer.total_training_steps={STEPS}",
+                "trainer.test_freq=-1",  # no validation: the sessions caught in flight are training's
+                "trainer.val_before_train=false",
+                "algorithm.adv_estimator=task_norm_grpo",
+                "trainer.v1.trainer_mode=agentrl_async",
+                f"+agentrl.async.max_staleness={MAX_STALENESS}",
+                "+agentrl.async.stale_policy=wait",
+                f"+agentrl.env.url={stack.url}",
+                "+agentrl.agent.max_turns=4",
+                "+agentrl.agent.max_new_tokens=16",
+                "+agentrl.agent.max_total_tokens=600",
+                "data.max_prompt_length=160",
+                "data.max_response_length=400",
+            )[1]
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = e
+
+    # Four steps of 0.4 s: episodes outlive a training step (as test_async_e2e.py's).
+    options = {"rounds": 4, "size": 16, "step_latency": {"dist": "fixed", "s": 0.4}}
+    with start_stack([{**WORKER, "replicas": 2, "options": options}]) as stack:
+        assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "32",
+                                 "--val-fraction", "0.25", "--seed", "0"]) == 0
+        run = threading.Thread(target=train)
+        run.start()
+        try:
+            while run.is_alive() and not running_sessions(stack.url):
+                time.sleep(0.1)
+            assert run.is_alive(), outcome.get("error")
+            faults()
+        finally:
+            run.join()
+        if "error" in outcome:
+            raise outcome["error"]
         assert stack.alive_workers() == 1
+    steps = outcome["steps"]
+    assert sorted(steps) == list(range(1, STEPS + 1))
     assert killed_in_flight == [True]
-    assert steps[1]["agentrl/chatter/env_retries"] > 0, steps[1]
-    assert steps[1]["agentrl/chatter/env_unavailable_s"] > 0, steps[1]
+    # The outage and the lost worker cost attempts, played again on their prompts: every group was trained whole.
+    assert sum(m.get("agentrl/chatter/env_retries", 0) for m in steps.values()) > 0
+    assert max(m.get("agentrl/chatter/env_unavailable_s", 0) for m in steps.values()) > 0
+    for step, m in steps.items():
+        assert m["agentrl/all/episodes"] == 2 * BATCH_GROUPS and m.get("agentrl/all/status/task_error", 0) == 0, \
+            (step, m)
+        # The staleness bound holds for every trained turn, and the wait policy never discards finished work.
+        assert m["async/staleness/turn_lag/max"] <= MAX_STALENESS, (step, m)
+        assert m["async/staleness/turn_lag/over"] == 0, (step, m)
+        assert m["async/total/dropped"] == 0
+        assert m["async/throughput/trajectories_per_s"] > 0
+        assert m["actor/pg_loss"] == m["actor/pg_loss"]  # not NaN
+    # The idle fractions and the buffer depth measure something: the trainer waited for its first batch, rollouts
+    # were running, and finished groups waited in the buffer for the trainer.
+    assert steps[1]["async/trainer_idle_fraction"] > 0
+    assert min(m["async/rollout_idle_fraction"] for m in steps.values()) < 1.0
+    assert max(m["async/buffer_depth/max"] for m in steps.values()) >= 1
+    # Episodes ran on while the trainer trained: some trained trajectories have turns from two versions (the
+    # update landed between their turns), and some turns were generated by an older version than the trained one.
+    assert max(m["async/staleness/multi_version_trajectories"] for m in steps.values()) > 0
+    assert max(m["async/staleness/turn_lag/mean"] for m in steps.values()) > 0
+    # Admission never waited for a step boundary: by the end of step 1 more groups had started than it took. Nor
+    # did any group start for a step after the last, and an episode played again is no new group: the run generated
+    # exactly what it trained.
+    assert steps[1]["async/total/admitted"] > BATCH_GROUPS
+    assert steps[STEPS]["async/total/admitted"] == STEPS * BATCH_GROUPS
+    assert sum(m["async/resumed_turns"] for m in steps.values()) == 0  # no interruption: updates land between turns
 
 
 @pytest.mark.timeout(1500)  # two runs of up to 420 s each (conftest's hang guard) and up to 300 s between them

@@ -43,7 +43,7 @@ def test_ppo_with_critic_and_reference_policy_trains_validates_and_checkpoints_w
         workdir, model_path, "ppo",
         "trainer.total_training_steps=2", "trainer.val_before_train=true", "trainer.test_freq=2",
         "trainer.save_freq=2", "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
-        f"critic.model.path={model_path}",
+        f"critic.model.path={model_path}", agentrl_agent=False,
     )
     assert trained_steps(steps) == [1, 2]
     assert any(key.startswith("val-") for key in steps[0]), "no validation metrics before training"

@@ -97,7 +97,6 @@ def test_agent_loop_with_cross_policy_on_vllm_replicas(stack, tmp_path, run_vllm
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=task_norm_grpo",
         "trainer.v1.trainer_mode=agentrl_sync",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_agent",
         f"+agentrl.env.url={stack.url}",
         "+agentrl.agent.max_turns=3",
         "+agentrl.agent.max_new_tokens=24",
