@@ -492,14 +492,14 @@ def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path):
     assert _leftovers(str(out)) == []
 
 
-def _trainer_workers_up(demo: subprocess.Popen) -> bool:
-    """Whether the demo's RL run has its trainer's worker group (verl's ``WorkerDict`` actor) running: the run's Ray
-    cluster, task runner and workers are up. (Its log lines reach verl.log through Ray's log monitor, seconds late.)"""
+def _task_runner_up(demo: subprocess.Popen) -> bool:
+    """Whether the demo's RL run has verl's task runner (the ``TaskRunner`` actor) running: the run's Ray cluster is
+    up and verl is building its trainer. (Its log lines reach verl.log through Ray's log monitor, seconds late.)"""
     import psutil
 
     for child in psutil.Process(demo.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if (child.cmdline() or [""])[0].startswith("ray::WorkerDict"):
+            if (child.cmdline() or [""])[0].startswith("ray::TaskRunner"):
                 return True
     return False
 
@@ -507,8 +507,8 @@ def _trainer_workers_up(demo: subprocess.Popen) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_HANG_GUARD_S)
 def test_ctrl_c_during_rl_stops_everything(tmp_path):
-    # Interrupted once verl's worker group is up (its rollout servers and agent loop still starting): the same
-    # teardown as during a step (the run's process group, its Ray cluster, the demo's stack), at half the run's cost.
+    # Interrupted once verl's task runner is up (its workers, rollout servers and agent loop still starting): the same
+    # teardown as during a step (the run's process group, its Ray cluster, the demo's stack), at a third of the cost.
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "agentrl_verl.tools.cli", "demo", "--output-dir", str(out),
            "--config", str(_settings_without_os(tmp_path)), "--set", "warmup.max_steps=5", "--set",
@@ -522,7 +522,7 @@ def test_ctrl_c_during_rl_stops_everything(tmp_path):
             url = match.group(1) if match else url
             if ": RL: " in line:  # the run is launched
                 break
-        while proc.poll() is None and not _trainer_workers_up(proc):
+        while proc.poll() is None and not _task_runner_up(proc):
             time.sleep(0.5)
         assert url is not None and proc.poll() is None, "the demo did not reach RL"
     finally:
