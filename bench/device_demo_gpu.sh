@@ -7,7 +7,8 @@
 #   and the kg/webshop wheels as .device_wheels.tar.xz (see bench/device_recipe_1gpu.sh)
 # Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "bash bench/device_demo_gpu.sh [--set
 #                     KEY=VALUE ...]" (DEMO_TIMEOUT_S bounds the demo, default 540)
-# Results go to $OUT: demo.log, summary.md/json, metrics.jsonl, learning_curve.png, verl_tail.log, gpu.csv.
+# Results go to $OUT: demo.log, summary.md/json, metrics.jsonl, learning_curve.png, verl.log, gpu.csv, and the
+# demo's processes (bench.startup_timeline: when each started, its CPU) in timeline.json and at the end of demo.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/demo_gpu_out}
 WORK=/tmp/demo_gpu
@@ -16,13 +17,14 @@ WHEELS=.device_wheels.tar.xz DEVICE_GPU=1 source bench/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu.csv" &
 SAMPLER=$!
-timeout "${DEMO_TIMEOUT_S:-540}" python3 -m agentrl_verl.tools.cli demo --output-dir "$WORK/demo" "$@" \
-  > "$OUT/demo.log" 2>&1
+timeout "${DEMO_TIMEOUT_S:-540}" python3 -m bench.startup_timeline --out "$OUT/timeline.json" -- \
+  python3 -m agentrl_verl.tools.cli demo --output-dir "$WORK/demo" "$@" > "$OUT/demo.log" 2>&1
 rc=$?
 kill "$SAMPLER" 2>/dev/null
 for name in summary.md summary.json metrics.jsonl learning_curve.png; do cp "$WORK/demo/$name" "$OUT/" 2>/dev/null; done
-tail -n 80 "$WORK/demo/verl.log" > "$OUT/verl_tail.log" 2>/dev/null
-grep -E "RL step|warm-up|held-out|done in|device|ERROR|Error|Traceback" "$OUT/demo.log" | cut -c1-300 | tail -n 80
-grep -E "hf rollout server|cuda|Error" "$OUT/verl_tail.log" | cut -c1-300 | tail -n 20
+cp "$WORK/demo/verl.log" "$OUT/verl.log" 2>/dev/null
+grep -E "RL step|warm-up|held-out|done in|device|ERROR|Error|Traceback" "$OUT/demo.log" | cut -c1-300 | tail -n 60
+grep -E "^ +[0-9.]+ +[0-9.]+ +[0-9.]+  |exit_code=" "$OUT/demo.log" | cut -c1-140 | head -n 70
+grep -E "hf rollout server|cuda|Error" "$OUT/verl.log" | cut -c1-300 | tail -n 20
 echo "demo exit code $rc"
 exit "$rc"
