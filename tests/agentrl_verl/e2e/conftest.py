@@ -94,7 +94,9 @@ def main_ppo(workdir: Path, model_path: Path, name: str, *overrides: str, agentr
         *cluster,
         *overrides,
     ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0", **(env or {})}
+    # No idle Ray worker per core for the driver's tasks: verl's actors never use them (as the demo's runs).
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
+           "RAY_prestart_worker_first_driver": "0", **(env or {})}
     for attempt in range(2):
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)

@@ -152,6 +152,7 @@ def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(mon
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) and env["RAY_worker_niceness"] == "0"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["TQ_NUM_THREADS"] == env["OMP_NUM_THREADS"]
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "m.jsonl")
+    assert env["RAY_prestart_worker_first_driver"] == "0"  # no idle Ray worker per core that nothing uses
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's settings win
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     env = rl_environment(tmp_path / "m.jsonl")
