@@ -7,6 +7,8 @@ A verl run starts a chain of processes (the driver, Ray, the task runner, the wo
 balancers, the agent loop worker), each importing verl before it does anything: the table shows which of them the
 first step waited for. The command's own output passes through; the table goes to stderr at the end, the last line
 as ``key=value`` pairs. A process that lived less than one interval may be missed.
+
+Results and how to read them: ``docs/gpu.md`` (the demo on one GPU) and ``docs/testing.md``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Test files cannot import each other (pytest's importlib mode), so the harness is
 - ``start_stack(workers, controller=None)``: a context manager running an :class:`EnvStack` (``controller``: its
   controller's settings) whose workers can import the test tasks of this folder (``chatter_task:ChatterTask``,
   ``latency_chatter_task:LatencyChatterTask``).
+- ``held_stack``: a stack (and its release file) whose multi-turn episodes are held at their first step, except those
+  of the first batch's prompts, until the file exists; ``hold_first_update(release) -> env``: the environment of a
+  run whose first weight update creates the file and lands only once a released turn is decoding
+  (``hold_update.py``): an update that finds a turn decoding by construction, not by timing.
 - ``arith_data``: the ``arith_data`` module (dataset writer and reward function).
 """
 
@@ -139,6 +143,33 @@ def start_stack(workers: list[dict[str, Any]], controller: dict[str, Any] | None
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
         with EnvStack({"controller": {"port": 0, **(controller or {})}, "workers": workers}) as stack:
             yield stack
+
+
+BATCH_PROMPTS = 4
+"""``data.train_batch_size`` of the ``cpu_tiny`` and ``cpu_vllm`` presets."""
+
+
+def hold_first_update(release: Path) -> dict[str, str]:
+    """The environment of a run whose first update waits for a released turn to decode (``hold_update.py``)."""
+    return {"AGENTRL_TEST_RELEASE_FILE": str(release),  # hold_update.RELEASE_ENV (test files cannot import each other)
+            "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin,hold_update",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture
+def held_stack(tmp_path: Path) -> Iterator[tuple[EnvStack, Path]]:
+    """Instant multi-turn episodes, those of all but the first batch's prompts held until the first update
+    (``held_chatter_task.py``); 64 indices, so that no prompt of the data is repeated."""
+    release = tmp_path / "release"
+    worker = {"task": "held_chatter_task:HeldChatterTask", "name": "chatter", "concurrency": 32,
+              "options": {"rounds": 4, "size": 64, "free_prompts": BATCH_PROMPTS, "release_file": str(release)}}
+    with start_stack([worker]) as env:
+        yield env, release
+
+
+@pytest.fixture(name="hold_first_update", scope="session")
+def _hold_first_update() -> Callable[[Path], dict[str, str]]:
+    return hold_first_update
 
 
 @pytest.fixture(name="main_ppo", scope="session")

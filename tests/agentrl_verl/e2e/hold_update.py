@@ -1,4 +1,4 @@
-"""Test hook: the first weight update of an ``agentrl_async`` run lands while a turn is decoding on vLLM.
+"""Test hook: the first weight update of an ``agentrl_async`` run lands while a turn is decoding (vLLM or ``hf``).
 
 Without it, an update finds a turn decoding only by chance: with ``interrupt: true`` it aborts only what happens to be
 decoding at that instant (a run could train no interrupted turn at all), with ``interrupt: false`` no episode may be
@@ -7,7 +7,7 @@ running across it. Loaded in every process of the run by ``VERL_USE_EXTERNAL_MOD
 
 * in vLLM's server process, it counts the tokens each request has generated so far (wrapping ``AsyncLLM.generate``)
   and gives verl's server ``decoding_requests()``: the requests with at least one token and three quarters of their
-  ``max_tokens`` still to come;
+  ``max_tokens`` still to come; the ``hf`` server gets the same, read from its engine's running requests;
 * in the trainer, at the first update, it creates the release file (the held episodes go on and their next turns
   start), waits until a server reports such a request, and only then lets the update (and its abort) proceed.
 
@@ -27,6 +27,7 @@ from typing import Any
 from agentrl_verl.backends.vllm_server import ASYNC_LLM_MODULE, VLLM_SERVER_MODULE, on_import
 
 RELEASE_ENV = "AGENTRL_TEST_RELEASE_FILE"
+HF_SERVER_MODULE = "agentrl_verl.backends.hf_rollout.server"
 HOLD_TIMEOUT_S = 600.0
 logger = logging.getLogger(__name__)
 _decoding: dict[str, tuple[int, int]] = {}  # request id -> (tokens so far, max_tokens), in vLLM's server process
@@ -56,6 +57,15 @@ def _add_report(module: ModuleType) -> None:
     module.vLLMHttpServer.decoding_requests = _decoding_requests
 
 
+async def _hf_decoding_requests(self: Any) -> int:
+    running = self.engine._rows  # the engine's decoding requests, in the server's own process
+    return sum(1 for request in running if 0 < len(request.output_ids) <= request.params.max_tokens // 4)
+
+
+def _add_hf_report(module: ModuleType) -> None:
+    module.HFRolloutServer.decoding_requests = _hf_decoding_requests
+
+
 def _hold_first_update() -> None:
     import ray
 
@@ -82,4 +92,5 @@ def _hold_first_update() -> None:
 if os.environ.get(RELEASE_ENV):
     on_import(ASYNC_LLM_MODULE, _count_tokens)
     on_import(VLLM_SERVER_MODULE, _add_report)
+    on_import(HF_SERVER_MODULE, _add_hf_report)
     _hold_first_update()

@@ -2,7 +2,8 @@
 every turn carries its weight version, and the staleness bound holds.
 
 The environment is a multi-turn task with a heavy-tailed delay per environment step (some groups finish late), so
-episodes last longer than a training step; the ``agentrl_agent`` loop plays it and
+episodes last longer than a training step (for the interrupted generations, a task whose episodes wait for the first
+update, which lands while one of their turns is decoding: ``hold_update.py``); the ``agentrl_agent`` loop plays it and
 ``task_norm_grpo`` trains on it. Each stale policy runs once: ``drop`` with interrupted and resumed generations and
 ``keep`` with verl's importance-weight correction here, ``wait`` (updates between turns) in ``test_faults_e2e.py``,
 whose run loses its controller and a worker on the way (each run costs verl's start-up).
@@ -35,7 +36,7 @@ def tail_stack(start_stack):
 
 
 def run_async(stack, workdir, run_main_ppo, *overrides: str, max_staleness: int = MAX_STALENESS,
-              max_new_tokens: int = 16) -> dict[int, dict]:
+              max_new_tokens: int = 16, env: dict[str, str] | None = None) -> dict[int, dict]:
     """``STEPS`` steps of ``agentrl_async`` (the preset's 4 groups of 2) on the chatter task; per-step metrics."""
     assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(workdir), "--train-size", "32",
                              "--val-fraction", "0.25", "--seed", "0"]) == 0
@@ -52,16 +53,23 @@ def run_async(stack, workdir, run_main_ppo, *overrides: str, max_staleness: int 
         "data.max_prompt_length=160",
         "data.max_response_length=400",
         *overrides,
+        env=env,
     )
     assert sorted(steps) == list(range(1, STEPS + 1))
     return steps
 
 
-def test_interrupted_generations_resume_and_drop_keeps_the_bound(tail_stack, tmp_path, run_main_ppo):
-    # Long generations (96 new tokens; the untrained model rarely stops early) of many episodes in flight (a bound
-    # of 2: up to 12 groups) are running at the updates.
-    steps = run_async(tail_stack, tmp_path, run_main_ppo, "+agentrl.async.stale_policy=drop",
-                      "+agentrl.async.interrupt=true", max_staleness=2, max_new_tokens=96)
+def test_interrupted_generations_resume_and_drop_keeps_the_bound(held_stack, tmp_path, run_main_ppo,
+                                                                 hold_first_update):
+    # Many episodes in flight (a bound of 2: up to 12 groups) with turns of 96 tokens (ignore_eos). The first batch
+    # is the free prompts' groups; the others' episodes wait at their first step until the first update, which the
+    # hook lets land only once one of their turns is decoding with three quarters of its tokens to come: an update
+    # that aborts a running generation by construction, not by timing.
+    stack, release = held_stack
+    steps = run_async(stack, tmp_path, run_main_ppo, "+agentrl.async.stale_policy=drop",
+                      "+agentrl.async.interrupt=true", "actor_rollout_ref.rollout.ignore_eos=true", max_staleness=2,
+                      max_new_tokens=96, env=hold_first_update(release))
+    assert release.exists()
     for step, m in steps.items():
         # Dropping beyond the bound is per group, on the oldest token of every turn (a resumed turn included).
         assert m["async/staleness/turn_lag/over"] == 0, (step, m)

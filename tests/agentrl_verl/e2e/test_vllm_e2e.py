@@ -8,7 +8,6 @@ run must leave nothing behind: no process of its own, no shared-memory segment (
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from pathlib import Path
@@ -20,12 +19,9 @@ from agentrl_verl.core.cross_policy import stale_version
 from agentrl_verl.harness.tiny_model import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
-HERE = Path(__file__).resolve().parent
-
 RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 
-BATCH_PROMPTS = 4  # data.train_batch_size of the cpu_vllm preset
 K = 2  # cross-policy: the stale pool is refreshed every K steps
 EXIT_WAIT_S = 60  # the driver stops the run's processes at its exit; the last of them may take a while to go
 LEFTOVER_RECHECK_S = 10
@@ -72,17 +68,6 @@ def stack(start_stack):
                 "options": {"rounds": 3, "size": 16}}]
     with start_stack(workers) as env:
         yield env
-
-
-@pytest.fixture
-def held_stack(start_stack, tmp_path):
-    """Instant multi-turn episodes, those of all but the first batch's prompts held until the first update
-    (``held_chatter_task.py``); 64 indices, so that no prompt of the data is repeated."""
-    release = tmp_path / "release"
-    worker = {"task": "held_chatter_task:HeldChatterTask", "name": "chatter", "concurrency": 32,
-              "options": {"rounds": 4, "size": 64, "free_prompts": BATCH_PROMPTS, "release_file": str(release)}}
-    with start_stack([worker]) as env:
-        yield env, release
 
 
 def make_data(url: str, out: Path, size: int) -> None:
@@ -173,14 +158,7 @@ def run_async(stack, workdir: Path, run_vllm, name: str, *overrides: str, steps:
     return metrics
 
 
-def hold_first_update(release: Path) -> dict[str, str]:
-    """The environment of a run whose first update waits for a released turn to decode (``hold_update.py``)."""
-    return {"AGENTRL_TEST_RELEASE_FILE": str(release),  # hold_update.RELEASE_ENV (test files cannot import each other)
-            "VERL_USE_EXTERNAL_MODULES": "agentrl_verl.plugin,hold_update",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-
-
-def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(held_stack, tmp_path, run_vllm):
+def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(held_stack, tmp_path, run_vllm, hold_first_update):
     # The first batch is the free prompts' groups; the others' episodes wait at their first step until the first
     # update, which the hook lets land only once one of their turns is decoding, with three quarters of its tokens to
     # come (ignore_eos: every turn runs to max_new_tokens). Step 2 trains those groups.
@@ -195,7 +173,7 @@ def test_async_trainer_aborts_and_resumes_running_turns_on_vllm(held_stack, tmp_
     assert steps[2]["async/resumed_turns"] > 0, steps[2]
 
 
-def test_async_trainer_updates_weights_between_turns_on_vllm(held_stack, tmp_path, run_vllm):
+def test_async_trainer_updates_weights_between_turns_on_vllm(held_stack, tmp_path, run_vllm, hold_first_update):
     # interrupt: false (the default): before the update the trainer pauses the vLLM server (the pause the plugin
     # gives verl's server): the turn decoding then finishes on the old weights, and the episode's next turns start on
     # the new. Step 2 trains the held groups, whose episodes ran across the update.
