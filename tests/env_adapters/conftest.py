@@ -19,13 +19,19 @@ for fast tests of the controller and worker themselves; ``ProbeTask`` is a task 
 assistant message scripts.
 
 ``docker_client`` (session scope) is a client of the local Docker daemon; tests asking for it skip without one.
+
+``ray_hosts`` (session scope) is ``netns_hosts.NetnsRayCluster``: ``with ray_hosts(resources) as hosts:`` runs a Ray
+cluster over hosts of their own addresses (network namespaces); tests asking for it skip where namespaces cannot be
+made (not root).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +54,17 @@ def docker_client():
         pytest.skip(f"no Docker daemon: {e}")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def ray_hosts() -> type:
+    # Loaded by path: this folder is no package.
+    spec = importlib.util.spec_from_file_location("netns_hosts", Path(__file__).with_name("netns_hosts.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if reason := module.available():
+        pytest.skip(reason)
+    return module.NetnsRayCluster
 
 
 @pytest.fixture(scope="session")

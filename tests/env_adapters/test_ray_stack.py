@@ -1,5 +1,7 @@
 """The stack on a Ray cluster of three raylets on this machine (Ray's own ``cluster_utils.Cluster``): placement by
-custom resources, a killed worker restarted by Ray, a node that leaves and one that joins."""
+custom resources, a killed worker restarted by Ray, a node that leaves and one that joins; and on three hosts of
+their own addresses (network namespaces, ``netns_hosts``): workers on their host's address, the token off loopback,
+``up --ray`` ended with Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from env_adapters.client import EnvClient
+from env_adapters.client import EnvClient, EnvRequestError
 from env_adapters.launcher import load_config
 from env_adapters.ray_stack import RayEnvStack, StackStartError
 
@@ -118,27 +123,69 @@ async def test_replicas_are_spread_by_resource_and_ray_restarts_a_killed_one(clu
     assert len(pids) == 4 and not [pid for pid in pids if Path(f"/proc/{pid}").exists()]  # every worker stopped
 
 
-def test_up_with_ray_runs_the_stack_on_the_cluster_until_ctrl_c(cluster, tmp_path):
-    config = tmp_path / "stack.yaml"
-    config.write_text(yaml.safe_dump(stack_config()))
-    cmd = [sys.executable, "-m", "env_adapters.cli", "up", str(config), "--ray", cluster[0].address]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+@pytest.fixture
+def hosts(ray_hosts):
+    """Three hosts of their own addresses (network namespaces), one Ray node each."""
+    with ray_hosts(NODE_RESOURCES) as hosts:
+        yield hosts
+
+
+def up_command(hosts, config: Path) -> list[str]:
+    return [sys.executable, "-m", "env_adapters.cli", "up", str(config), "--ray", hosts.address]
+
+
+async def test_up_with_ray_spans_hosts_on_their_own_addresses_until_ctrl_c(hosts, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    config, loopback = tmp_path / "stack.yaml", tmp_path / "loopback.yaml"
+    config.write_text(yaml.safe_dump(stack_config(token=None, token_file=str(token_file))))
+    loopback.write_text(yaml.safe_dump(stack_config(host="127.0.0.1")))
+
+    # A controller on loopback cannot be reached from the other hosts: refused before anything starts.
+    refused = hosts.popen(0, up_command(hosts, loopback), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert refused.wait(timeout=120) != 0
+    assert "controller.host is 127.0.0.1" in refused.stderr.read()
+
+    proc = hosts.popen(0, up_command(hosts, config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         url = next(m.group(1) for line in proc.stderr if (m := re.search(r"controller URL: (\S+)", line)))
-        workers = asyncio.run(_list_workers(url))
-        assert len(alive_nodes(workers)) == 3 and len(alive_nodes(workers, "special")) == 1
+        assert urlsplit(url).hostname == hosts.ips[0]  # the controller's node address, not 0.0.0.0
+        # From this machine's own namespace, as from any host of the bridge:
+        async with EnvClient(url, token=TOKEN) as env:
+            workers = await env.list_workers()
+            # Each worker listens on its own host's address, where the controller on the first host reaches it.
+            assert worker_hosts(workers) == sorted(hosts.ips)
+            assert worker_hosts(workers, "special") == [hosts.ips[1]]  # the one host offering "special"
+            sessions = [await env.start_sample("calc", i) for i in range(3)]  # least loaded: one per worker
+            placed = await env.list_sessions()
+            assert sorted(urlsplit(workers["calc"][str(placed[str(s.session_id)]["worker_id"])]["address"]).hostname
+                          for s in sessions) == sorted(hosts.ips)
+            for s in sessions:
+                assert (await env.interact(s.session_id, STEP)).status == "running"
+        # Off loopback, the controller and every worker answer only with the token.
+        async with EnvClient(url) as anonymous:
+            with pytest.raises(EnvRequestError) as denied:
+                await anonymous.list_workers()
+            assert denied.value.status_code == 401
+        for worker in workers["calc"].values():
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(f"{worker['address']}/api/worker_status", timeout=30)
+            assert denied.value.code == 401
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    # The command's actors went with it.
-    assert ray.util.list_named_actors(all_namespaces=True) == []
+    # The command's actors went with it, and with them every stack process on every host.
+    deadline = time.monotonic() + 60
+    while leftovers := [cmd for host in range(3) for cmd in hosts.processes(host)
+                        if "ProcessHost" in cmd or "env_adapters.cli" in cmd]:
+        assert time.monotonic() < deadline, leftovers
+        time.sleep(0.5)
 
 
-async def _list_workers(url: str) -> dict:
-    async with EnvClient(url, token=TOKEN) as env:
-        return await env.list_workers()
+def worker_hosts(workers: dict, name: str = "calc") -> list[str]:
+    return sorted(urlsplit(w["address"]).hostname for w in workers.get(name, {}).values() if w["alive"])
 
 
 async def test_a_node_that_leaves_takes_its_workers_and_one_that_joins_gets_them_back(cluster):
