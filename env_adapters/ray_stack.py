@@ -36,6 +36,7 @@ from env_adapters.http import is_loopback
 from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError, child_env
 from env_adapters.sandbox.containers import DOCKER_RESOURCE, docker_available
 from env_adapters.sandbox.servers import term_with_parent
+from env_adapters.task import get_task_class
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,11 @@ def stop_all(procs: list[RayProcess], grace: float = STOP_GRACE_S) -> None:
         proc.returncode = 1 if proc.returncode is None else proc.returncode
 
 
+def _admits(node: dict[str, Any], placement: RayPlacement) -> bool:
+    """Whether ``node`` (an entry of ``ray.nodes()``) offers every custom resource ``placement`` requires."""
+    return all(node["Resources"].get(k, 0) >= v for k, v in placement.resources.items())
+
+
 class RayEnvStack(EnvStack):
     """:class:`EnvStack` with every process owned by a Ray actor (see the module docstring).
 
@@ -217,6 +223,34 @@ class RayEnvStack(EnvStack):
                                   "token)")
         # Workers listen where the controller reaches them: their node's address once the stack spans hosts.
         self._bind = NODE_IP if len(hosts) > 1 else "127.0.0.1"
+        self._check_docker(nodes)
+
+    def _check_docker(self, nodes: list[dict[str, Any]]) -> None:
+        """Refuse a placement that may put a replica of a Docker family (``Task.needs_docker``) on a node whose
+        daemon does not answer: each node its resources admit is asked (a probe task pinned there), before anything
+        starts. A node that joins later is not asked: a replica there stops at start with an error that names the
+        resource to declare."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        entries = [w for w in self.config.workers if get_task_class(w.task).needs_docker]
+        admitted = {n["NodeID"] for w in entries for n in nodes if _admits(n, w.ray)}
+        if not admitted:
+            return
+        probe = ray.remote(docker_available)
+        refs = {node_id: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id, soft=False)).remote() for node_id in admitted}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
+        answers = {node_id: ref in ready and ray.get(ref) for node_id, ref in refs.items()}
+        for w in entries:
+            silent = [n for n in nodes if _admits(n, w.ray) and not answers[n["NodeID"]]]
+            if silent:
+                where = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})" for n in silent)
+                raise StackStartError(
+                    f"worker entry {w.name or w.task} runs {w.task}, which needs Docker, and its ray.resources "
+                    f"{w.ray.resources or '{}'} admit nodes whose Docker daemon does not answer: {where}. Declare a "
+                    f"resource only on nodes whose daemon answers (ray start --resources '{{\"{DOCKER_RESOURCE}\": "
+                    f"64}}') and require it in the entry (ray: {{resources: {{{DOCKER_RESOURCE}: 1}}}})")
 
     def start(self) -> str:
         try:

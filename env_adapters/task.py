@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from env_adapters.protocol import Index, Message, SampleStatus, ToolSchema
 
@@ -163,6 +163,10 @@ class ThreadedSession(Session):
 
 class Task(ABC):
     """A task family instance, configured by keyword arguments from the worker's config."""
+
+    needs_docker: ClassVar[bool] = False
+    """Whether its sessions run in Docker containers: on a Ray cluster, its replicas may only land on nodes whose
+    Docker daemon answers (:mod:`env_adapters.ray_stack` checks that before it places them)."""
 
     def __init__(self, **config: Any) -> None:
         if config:

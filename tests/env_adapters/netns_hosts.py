@@ -94,16 +94,18 @@ class NetnsRayCluster:
     Args:
         resources: One entry per host: the custom resources its node offers (the first is the head).
         num_cpus: Cores each node declares.
+        env: Per host index, environment variables of its Ray node (and so of every Ray worker it starts).
     """
 
-    def __init__(self, resources: list[dict[str, float]], num_cpus: int = 1) -> None:
+    def __init__(self, resources: list[dict[str, float]], num_cpus: int = 1,
+                 env: dict[int, dict[str, str]] | None = None) -> None:
         self.prefix = f"{PREFIX}{os.getpid()}"
         subnet = _free_subnet()
         self.bridge_ip = str(subnet[1])
         self.ips = [str(subnet[11 + i]) for i in range(len(resources))]
         self.namespaces = [f"{self.prefix}-{i}" for i in range(len(resources))]
         self.address = f"{self.ips[0]}:{RAY_PORT}"
-        self._resources, self._num_cpus = resources, num_cpus
+        self._resources, self._num_cpus, self._env = resources, num_cpus, env or {}
         self._temp = Path(tempfile.mkdtemp(prefix="agrlray-"))  # short: Ray's socket paths have a length limit
 
     def __enter__(self) -> NetnsRayCluster:
@@ -151,7 +153,8 @@ class NetnsRayCluster:
                        "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"]
             log = self._temp / f"node{i}.log"
             with log.open("w") as out:
-                started.append((i, log, self.popen(i, command, stdout=out, stderr=subprocess.STDOUT)))
+                started.append((i, log, self.popen(i, command, stdout=out, stderr=subprocess.STDOUT,
+                                                   env=self._env.get(i, {}))))
         deadline = time.monotonic() + START_TIMEOUT_S
         for i, log, proc in started:
             while "Ray runtime started" not in log.read_text():

@@ -23,6 +23,7 @@ import yaml
 from env_adapters.client import EnvClient, EnvRequestError
 from env_adapters.launcher import load_config
 from env_adapters.ray_stack import RayEnvStack, StackStartError
+from env_adapters.sandbox.containers import docker_available
 
 ray = pytest.importorskip("ray")
 
@@ -123,10 +124,14 @@ async def test_replicas_are_spread_by_resource_and_ray_restarts_a_killed_one(clu
     assert len(pids) == 4 and not [pid for pid in pids if Path(f"/proc/{pid}").exists()]  # every worker stopped
 
 
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+"""The environment of a host whose Docker daemon does not answer."""
+
+
 @pytest.fixture
 def hosts(ray_hosts):
-    """Three hosts of their own addresses (network namespaces), one Ray node each."""
-    with ray_hosts(NODE_RESOURCES) as hosts:
+    """Three hosts of their own addresses (network namespaces), one Ray node each; the third has no Docker."""
+    with ray_hosts(NODE_RESOURCES, env={2: NO_DOCKER}) as hosts:
         yield hosts
 
 
@@ -137,14 +142,23 @@ def up_command(hosts, config: Path) -> list[str]:
 async def test_up_with_ray_spans_hosts_on_their_own_addresses_until_ctrl_c(hosts, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    config, loopback = tmp_path / "stack.yaml", tmp_path / "loopback.yaml"
+    config, loopback, docker = tmp_path / "stack.yaml", tmp_path / "loopback.yaml", tmp_path / "docker.yaml"
     config.write_text(yaml.safe_dump(stack_config(token=None, token_file=str(token_file))))
     loopback.write_text(yaml.safe_dump(stack_config(host="127.0.0.1")))
+    # os on the host offering "special" (its daemon answers), and os anywhere (the third host's does not).
+    docker.write_text(yaml.safe_dump({**stack_config(), "workers": [
+        {"task": "os", "name": "os_special", "ray": {"resources": {"special": 1}}}, {"task": "os"}]}))
 
-    # A controller on loopback cannot be reached from the other hosts: refused before anything starts.
-    refused = hosts.popen(0, up_command(hosts, loopback), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert refused.wait(timeout=120) != 0
-    assert "controller.host is 127.0.0.1" in refused.stderr.read()
+    # Refused before anything starts: a controller on loopback, which the other hosts cannot reach; a Docker family
+    # whose placement admits a host whose daemon does not answer (every admitted host is asked).
+    refused = {case: hosts.popen(0, up_command(hosts, case), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True) for case in (loopback, docker)}
+    errors = {case: proc.stderr.read() for case, proc in refused.items()}
+    assert [proc.wait(timeout=120) != 0 for proc in refused.values()] == [True, True]
+    assert "controller.host is 127.0.0.1" in errors[loopback]
+    silent = re.search(r"entry (\S+) runs os, which needs Docker.*does not answer: (.*)\. Declare", errors[docker])
+    assert silent and silent.group(1) == "os", errors[docker]  # the entry on "special" passed
+    assert hosts.ips[2] in silent.group(2) and (hosts.ips[0] in silent.group(2)) is not docker_available()
 
     proc = hosts.popen(0, up_command(hosts, config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -252,6 +252,8 @@ class OSTask(Task):
         threads: Threads for blocking Docker calls (at least the worker's concurrency).
     """
 
+    needs_docker = True
+
     def __init__(self, split: str = "dev", data: str | list[dict[str, str]] | None = None, scripts: str | None = None,
                  max_rounds: int = 8, command_timeout: float = 30.0, output_limit: int = 800, pool_size: int = 2,
                  memory: str = "1g",
