@@ -149,19 +149,20 @@ async def test_up_with_ray_spans_hosts_on_their_own_addresses_until_ctrl_c(hosts
     docker.write_text(yaml.safe_dump({**stack_config(), "workers": [
         {"task": "os", "name": "os_special", "ray": {"resources": {"special": 1}}}, {"task": "os"}]}))
 
-    # Refused before anything starts: a controller on loopback, which the other hosts cannot reach; a Docker family
-    # whose placement admits a host whose daemon does not answer (every admitted host is asked).
-    refused = {case: hosts.popen(0, up_command(hosts, case), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True) for case in (loopback, docker)}
-    errors = {case: proc.stderr.read() for case, proc in refused.items()}
-    assert [proc.wait(timeout=120) != 0 for proc in refused.values()] == [True, True]
-    assert "controller.host is 127.0.0.1" in errors[loopback]
-    silent = re.search(r"entry (\S+) runs os, which needs Docker.*does not answer: (.*)\. Declare", errors[docker])
-    assert silent and silent.group(1) == "os", errors[docker]  # the entry on "special" passed
-    assert hosts.ips[2] in silent.group(2) and (hosts.ips[0] in silent.group(2)) is not docker_available()
-
-    proc = hosts.popen(0, up_command(hosts, config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # All three at once, as drivers of one cluster. Refused before anything starts: a controller on loopback, which
+    # the other hosts cannot reach; a Docker family whose placement admits a host whose daemon does not answer (every
+    # admitted host is asked).
+    procs = {case: hosts.popen(0, up_command(hosts, case), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True) for case in (config, loopback, docker)}
+    proc = procs[config]
     try:
+        errors = {case: procs[case].stderr.read() for case in (loopback, docker)}
+        assert [procs[case].wait(timeout=120) != 0 for case in (loopback, docker)] == [True, True]
+        assert "controller.host is 127.0.0.1" in errors[loopback]
+        silent = re.search(r"entry (\S+) runs os, which needs Docker.*does not answer: (.*)\. Declare", errors[docker])
+        assert silent and silent.group(1) == "os", errors[docker]  # the entry on "special" passed
+        assert hosts.ips[2] in silent.group(2) and (hosts.ips[0] in silent.group(2)) is not docker_available()
+
         url = next(m.group(1) for line in proc.stderr if (m := re.search(r"controller URL: (\S+)", line)))
         assert urlsplit(url).hostname == hosts.ips[0]  # the controller's node address, not 0.0.0.0
         # From this machine's own namespace, as from any host of the bridge:
@@ -188,8 +189,9 @@ async def test_up_with_ray_spans_hosts_on_their_own_addresses_until_ctrl_c(hosts
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for left in procs.values():
+            if left.poll() is None:
+                left.kill()
     # The command's actors went with it, and with them every stack process on every host.
     deadline = time.monotonic() + 60
     while leftovers := [cmd for host in range(3) for cmd in hosts.processes(host)
