@@ -10,18 +10,18 @@ import pytest
 from agentrl_verl.harness.threads import demo_thread_environment
 
 THREADS = Path(__file__).resolve().parents[3] / "agentrl_verl" / "harness" / "threads.py"
-# A command that relaunches itself as the demo does, then starts a child that loads torch (as verl's workers and
-# vLLM's processes do). Each prints the wait policy and spin count torch loads with (libgomp reads them then) the
-# first time it loads in that process. The module is loaded by its path, so that the processes load torch alone
-# rather than verl too (the test is about the environment torch loads in, which is the same either way).
-SPY = ("import os, sys\n"
+# A command that relaunches itself as the demo does, then starts a child that looks torch up (as verl's workers and
+# vLLM's processes load it). Each prints the wait policy and spin count torch would load with (libgomp reads them
+# then) when the import system first looks for it in that process; nothing loads torch, since the environment at
+# that moment is the answer. The module is loaded by its path, so that the processes do not import verl.
+SPY = ("import importlib.util, os, sys\n"
        "class Spy:\n"
        "    def find_spec(self, name, path=None, target=None):\n"
        "        if name == 'torch':\n"
        "            print(os.environ.get('ROLE'), os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'),"
        " flush=True)\n"
        "sys.meta_path.insert(0, Spy())\n"
-       "import torch\n")
+       "importlib.util.find_spec('torch')\n")
 COMMAND = (SPY + "import importlib.util\n"
            f"spec = importlib.util.spec_from_file_location('threads', {str(THREADS)!r})\n"
            "threads = importlib.util.module_from_spec(spec)\n"
@@ -48,7 +48,7 @@ def test_the_demo_relaunches_so_only_its_own_process_spins_briefly(given, expect
 
 def test_importing_the_package_leaves_openmp_to_its_defaults():
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    package = SPY.replace("import torch", "import agentrl_verl")
+    package = SPY.replace("importlib.util.find_spec('torch')", "import agentrl_verl")  # which imports torch
     out = subprocess.run([sys.executable, "-c", package], env={**env, "ROLE": "gpu-run"}, capture_output=True,
                          text=True, check=True, timeout=300).stdout
     assert out.splitlines() == ["gpu-run None None"]
