@@ -4,7 +4,7 @@
 # replicas on one GPU). That machine has no Docker, so `os` is left out as the demo does wherever no daemon answers;
 # it has no alfworld package, so the tiny model's tokenizer is trained without alfworld's text (built there).
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-#   and the kg/webshop wheels as .device_wheels.tar.xz (see bench/device_recipe_1gpu.sh)
+#   and the kg/webshop/alfworld wheels as .device_wheels.tar.xz (bash bench/make_device_wheels.sh)
 # Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "bash bench/device_demo_gpu.sh [--set
 #                     KEY=VALUE ...]" (DEMO_TIMEOUT_S bounds the demo, default 540)
 # Results go to $OUT: demo.log, summary.md/json, metrics.jsonl, learning_curve.png, verl.log, gpu.csv, and the

@@ -3,7 +3,7 @@
 # its workers on 1, 2 and 3 raylets of one local Ray cluster, where the cores do not bound it as on 2.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 # Run (device tool):  carry [".verl_bundle"], command "bash bench/device_env_scale.sh" (TASK=webshop ROUNDS=1: a family whose
-#                     steps cost the worker; carry .device_wheels.tar.xz too, see bench/device_recipe_1gpu.sh)
+#                     steps cost the worker; carry .device_wheels.tar.xz too, from bench/make_device_wheels.sh)
 # Results go to $OUT/env_scale.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/env_scale_out}

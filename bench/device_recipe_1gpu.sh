@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # The single-GPU recipe by its own entry point on a GPU machine lent by the `device` tool: `recipes/agentrl/run.sh
 # 1gpu` with a random model of Qwen2.5-0.5B's shape (the tiny tokenizer's 2048-token vocabulary), 3 steps, against
-# the recipe's environment stack started there. That machine has no Docker, no MySQL-compatible server and no
-# TextWorld build, so the stack is the recipe's YAML without `os` and `alfworld`, `db` on SQLite, on loopback with a
-# token (the recipe's path: run.sh reads it from AGENTRL_ENV_TOKEN_FILE).
+# the recipe's environment stack started there. That machine has no Docker and no MySQL-compatible server, so the
+# stack is the recipe's YAML without `os`, `db` on SQLite, on loopback with a token (the recipe's path: run.sh reads
+# it from AGENTRL_ENV_TOKEN_FILE).
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   the tiny model's tokenizer:
 #   cp -r "$(.venv/bin/python -c 'from agentrl_verl.harness.tiny_model import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
-#   and the kg/webshop wheels (cp312): pip download --no-deps --only-binary=:all: --python-version 3.12
-#   --platform manylinux_2_28_x86_64 pyoxigraph bm25s PyStemmer thefuzz rapidfuzz nltk joblib click, unpacked into
-#   one folder and packed as .device_wheels.tar.xz (tar cJf .device_wheels.tar.xz -C FOLDER .)
+#   and the kg/webshop/alfworld wheels: bash bench/make_device_wheels.sh
 # Run (device tool):  carry [".verl_bundle", ".bench_tokenizer", ".device_wheels.tar.xz"],
 #                     command "bash bench/device_recipe_1gpu.sh" (RUN_TIMEOUT_S bounds the training run, default 480)
 # Results go to $OUT: metrics.jsonl (verl's file logger), run.log, env.log, gpu.csv, report.md (python -m bench.gpu_recipe).
@@ -31,7 +29,7 @@ import sys, yaml
 work = sys.argv[1]
 stack = yaml.safe_load(open("recipes/agentrl/env/agentbench_fc.yaml"))
 stack["controller"] = {"host": "127.0.0.1", "port": 5020, "token_file": f"{work}/env.token"}
-stack["workers"] = [w for w in stack["workers"] if w["task"] not in ("os", "alfworld")]
+stack["workers"] = [w for w in stack["workers"] if w["task"] != "os"]
 for worker in stack["workers"]:
     worker["replicas"] = 1
     if worker["task"] == "db":
@@ -56,7 +54,7 @@ for _ in $(seq 150); do
 done
 grep "environment stack up" "$OUT/env.log" || { echo "the stack did not come up"; tail -30 "$OUT/env.log"; exit 1; }
 agentrl-verl make-data --controller "$URL" --token-file "$AGENTRL_ENV_TOKEN_FILE" --out "$WORK/data" \
-  --val-fraction 0.1 --seed 0 --task dbbench-std --task kg-std --task webshop-std 2>&1 | tail -3
+  --val-fraction 0.1 --seed 0 --task dbbench-std --task kg-std --task webshop-std --task alfworld-std 2>&1 | tail -3
 python3 -c "
 from pathlib import Path
 from bench.hf_weight_update import build_model_dir
