@@ -49,8 +49,13 @@ def _count_tokens(module: ModuleType) -> None:
     module.AsyncLLM.generate = counting_generate
 
 
+def _early(done: int, total: int) -> bool:
+    """A request that is decoding with three quarters of its tokens still to come (so still decoding when aborted)."""
+    return 0 < done <= total // 4
+
+
 async def _decoding_requests(self: Any) -> int:
-    return sum(1 for done, total in _decoding.values() if 0 < done <= total // 4)
+    return sum(1 for done, total in _decoding.values() if _early(done, total))
 
 
 def _add_report(module: ModuleType) -> None:
@@ -59,7 +64,7 @@ def _add_report(module: ModuleType) -> None:
 
 async def _hf_decoding_requests(self: Any) -> int:
     running = self.engine._rows  # the engine's decoding requests, in the server's own process
-    return sum(1 for request in running if 0 < len(request.output_ids) <= request.params.max_tokens // 4)
+    return sum(1 for request in running if _early(len(request.output_ids), request.params.max_tokens))
 
 
 def _add_hf_report(module: ModuleType) -> None:
