@@ -62,12 +62,14 @@ def sample(root: int, records: dict[int, ProcessRecord], started: float) -> None
     if root not in stats:
         return
     root_start = stats[root][2]
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
     tree, frontier = {root}, [root]
     while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _, _) in stats.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
+        new = [pid for pid in children.get(frontier.pop(), []) if pid not in tree]
+        tree.update(new)
+        frontier.extend(new)
     now = time.time() - started
     for pid in tree & stats.keys():
         _, cpu, start = stats[pid]
