@@ -78,7 +78,8 @@ from env_adapters.launcher import EnvStack
 logger = logging.getLogger("bench.ablation")
 
 FAMILIES = ("calc", "kg", "webshop")
-"""The multi-task preset's families the ablation trains on (alfworld needs TextWorld, which the GPU machine lacks)."""
+"""The multi-task preset's families the ablation trains on (not alfworld: the GPU machine of its runs had no TextWorld;
+``bench/make_device_wheels.sh`` now carries it there)."""
 HELD_OUT = 100
 """The first indices of each family: evaluated, never demonstrated or trained on (``--eval-size`` plays a prefix)."""
 START = "start"

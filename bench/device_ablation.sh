@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
 # every run at once, OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (the warm-up built here, carried), or
-# BASE=DIR (the tiny model built here, carried: that machine has no alfworld, so it would build another tokenizer), from
+# BASE=DIR (the tiny model built here, carried: without alfworld there, it would build another tokenizer), from
 # which the warm-up is built there first on 16 threads (3.5 min), and beside it the fixed_pool arm's default fixed
 # model (the same warm-up with warmup.seed 1), both brought back in $OUT/warmup.tgz. FIXED=DIR: the fixed_pool arm's
 # model (--fixed-model); with MODEL and no FIXED the bench builds its default itself, on the bench's 2 threads.

@@ -2,7 +2,8 @@
 # `agentrl-verl demo` on a GPU machine lent by the `device` tool: the embedded default settings, its warm-up and its
 # RL phase on the card (warmup.device and rl.device auto: the gpu_tiny preset, the trainer and both hf rollout
 # replicas on one GPU). That machine has no Docker, so `os` is left out as the demo does wherever no daemon answers;
-# it has no alfworld package, so the tiny model's tokenizer is trained without alfworld's text (built there).
+# with bench/make_device_wheels.sh's wheels it has the alfworld package (before them, the tiny model's tokenizer was
+# trained there without alfworld's text).
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   and the kg/webshop/alfworld wheels as .device_wheels.tar.xz (bash bench/make_device_wheels.sh)
 # Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "bash bench/device_demo_gpu.sh [--set
