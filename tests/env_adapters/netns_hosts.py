@@ -10,6 +10,7 @@ and the bridge. Needs root and ``ip`` (iproute2).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -63,19 +64,21 @@ def remove_stale() -> None:
 
 
 def _remove(prefix: str) -> None:
-    namespaces = [name for name in _ip("netns", "list").split() if name.startswith(f"{prefix}-")]
-    for namespace in namespaces:
-        for pid in _pids(namespace):
-            _signal(pid, signal.SIGKILL)
+    """Kill every process in the namespaces named ``<prefix>-*``, then remove them and the bridge ``<prefix>b``."""
+    for namespace in [name for name in _ip("netns", "list").split() if name.startswith(f"{prefix}-")]:
+        _kill(namespace)
         subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
     subprocess.run(["ip", "link", "del", f"{prefix}b"], check=False, capture_output=True)
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+def _kill(namespace: str) -> None:
+    """SIGKILL every process in ``namespace`` until none is left (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while (pids := _pids(namespace)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -154,7 +157,7 @@ class NetnsRayCluster:
             if attempt or not all(RAY_START_TIMEOUT in log for log in logs.values()):
                 raise RuntimeError(f"ray nodes {failed} did not start:\n" + "\n".join(logs.values()))
             for i in hosts:
-                self._kill(self.namespaces[i])
+                _kill(self.namespaces[i])
 
     def _start_node(self, i: int) -> tuple[int, Path, subprocess.Popen]:
         ray = str(Path(sys.executable).with_name("ray"))
@@ -191,15 +194,5 @@ class NetnsRayCluster:
     def close(self) -> None:
         """Kill every process on the hosts (all of them are this cluster's), then remove the network and Ray's
         files."""
-        for namespace in self.namespaces:
-            self._kill(namespace)
         _remove(self.prefix)
         shutil.rmtree(self._temp, ignore_errors=True)
-
-    @staticmethod
-    def _kill(namespace: str) -> None:
-        deadline = time.monotonic() + 30
-        while (pids := _pids(namespace)) and time.monotonic() < deadline:
-            for pid in pids:
-                _signal(pid, signal.SIGKILL)
-            time.sleep(0.1)
