@@ -1,11 +1,11 @@
 """The AgentRL ablation at small scale: ``python -m bench.ablation``.
 
-The workload is the multi-task demo's (``presets/demo_multitask.yaml``) without alfworld: calc, kg and webshop on
-their easy settings. One warm-up model (the demo's supervised warm-up on the three families' expert demonstrations,
-built once and cached under ``$AGENTRL_CACHE_DIR/ablation/``) starts every run. Each run is verl's real ``main_ppo``
-on CPU with the demo's RL preset (``cpu_tiny +demo=tiny`` and the multi-task overrides: ``task_norm_grpo``, the
-asynchronous trainer, cross-policy sampling), for the same number of steps of the same batch (so the same number of
-trained trajectories), in one of these arms (:func:`arms`):
+The workload is the multi-task demo's (``presets/demo_multitask.yaml``): calc, kg, webshop and alfworld on their easy
+settings (``--families`` keeps some of them). One warm-up model (the demo's supervised warm-up on the families'
+expert demonstrations, built once and cached under ``$AGENTRL_CACHE_DIR/ablation/``) starts every run. Each run is
+verl's real ``main_ppo`` on CPU with the demo's RL preset (``cpu_tiny +demo=tiny`` and the multi-task overrides:
+``task_norm_grpo``, the asynchronous trainer, cross-policy sampling), for the same number of steps of the same batch
+(so the same number of trained trajectories), in one of these arms (:func:`arms`):
 
 - ``full``: everything on;
 - ``fixed_pool``: everything on, the cross-policy pool's second member a fixed other model instead of the stale copy
@@ -77,9 +77,9 @@ from env_adapters.launcher import EnvStack
 
 logger = logging.getLogger("bench.ablation")
 
-FAMILIES = ("calc", "kg", "webshop")
-"""The multi-task preset's families the ablation trains on (not alfworld: the GPU machine of its runs had no TextWorld;
-``bench/make_device_wheels.sh`` now carries it there)."""
+FAMILIES = ("calc", "kg", "webshop", "alfworld")
+"""The multi-task preset's families, the default workload (``--families``). Results made before alfworld could be
+carried to the GPU machine (``bench/make_device_wheels.sh``) have the first three."""
 HELD_OUT = 100
 """The first indices of each family: evaluated, never demonstrated or trained on (``--eval-size`` plays a prefix)."""
 START = "start"
@@ -113,13 +113,13 @@ def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
             SYNC: Arm(every, ("trainer.v1.trainer_mode=agentrl_sync",))}
 
 
-def workload() -> DemoConfig:
-    """The multi-task demo's settings restricted to :data:`FAMILIES`, each with :data:`HELD_OUT` held-out indices."""
+def workload(families: Sequence[str] = FAMILIES) -> DemoConfig:
+    """The multi-task demo's settings restricted to ``families``, each with :data:`HELD_OUT` held-out indices."""
     config = load_demo_config(Path(CONFIG_DIR) / "demo_multitask.yaml")
     # Concurrency 64: an evaluation plays a family's episodes at most that many at once, within its worker's limit.
     config.tasks = [dataclasses.replace(t, held_out=HELD_OUT, concurrency=64) for t in config.tasks
-                    if t.name in FAMILIES]
-    missing = set(FAMILIES) - {t.name for t in config.tasks}
+                    if t.name in families]
+    missing = set(families) - {t.name for t in config.tasks}
     if missing:
         raise ValueError(f"demo_multitask.yaml has no task {sorted(missing)}")
     return config
@@ -128,10 +128,12 @@ def workload() -> DemoConfig:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # START and FIXED are a child's jobs (an untrained model's evaluation), which a bench runs once anyway.
-    parser.add_argument("--arms", nargs="+", default=[arm for arm in arms() if arm != SYNC],
-                        choices=[*arms(), *UNTRAINED],
-                        help=f"arms to run (default: the paper's ablation, every arm but {SYNC}; "
+    parser.add_argument("--arms", nargs="+", default=None, choices=[*arms(), *UNTRAINED],
+                        help=f"arms to run (default: the paper's ablation, every arm of --families but {SYNC}; "
                              f"--arms full {SYNC}: the asynchronous pipeline's speedup)")
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES,
+                        help="the multi-task preset's families that the runs train on and are evaluated on (default: "
+                             "all of them)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run of every arm per seed")
     parser.add_argument("--steps", type=int, default=12, help="training steps of every run")
     parser.add_argument("--batch", type=int, default=None,
@@ -145,7 +147,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "affinity, which its environment stack and Ray workers inherit): no run waits for "
                              "another's cores")
     parser.add_argument("--model", default=None,
-                        help="start model used as is (default: the cached warm-up on the three families)")
+                        help="start model used as is (default: the cached warm-up on the families)")
     parser.add_argument("--fixed-model", default=None,
                         help="the fixed_pool arm's pool model, used as is (default: the start model's warm-up with "
                              f"warmup.seed={FIXED_WARMUP_SEED}, cached the same way)")
@@ -162,6 +164,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--parallel {args.parallel}: must be >= 1")
     if args.report and not args.out:
         parser.error("--report summarises the runs under --out: name it")
+    if len(set(args.families)) < len(args.families):
+        parser.error(f"--families {' '.join(args.families)}: each family once")
+    # In the preset's order, whatever the command's: a run's settings (and so its resumption) do not depend on it.
+    args.families = tuple(f for f in FAMILIES if f in args.families)
+    if args.arms is None:
+        args.arms = [arm for arm in arms(args.families) if arm != SYNC]
+    unknown = [arm for arm in args.arms if arm not in (*arms(args.families), *UNTRAINED)]
+    if unknown:
+        parser.error(f"--arms {' '.join(unknown)}: not an arm of --families {' '.join(args.families)}")
     if args.pin and not hasattr(os, "sched_setaffinity"):
         parser.error("--pin needs CPU affinity (Linux)")
     return args
@@ -184,7 +195,7 @@ def warmup_settings(base: Path, config: DemoConfig) -> dict[str, Any]:
 
 
 def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
-    """The tiny model after the multi-task demo's supervised warm-up on :data:`FAMILIES`, built once and kept under
+    """The tiny model after the multi-task demo's supervised warm-up on ``config``'s tasks, built once and kept under
     ``$AGENTRL_CACHE_DIR/ablation/`` keyed by :func:`warmup_key`; its ``warmup.json`` holds the warm-up's history.
     ``base``: the tiny model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds
     another tokenizer, so there it is carried)."""
@@ -196,7 +207,7 @@ def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
     base = base or build_tiny_model()
 
     def build(output: Path) -> dict[str, Any]:
-        logger.info("warm-up on %s", ", ".join(FAMILIES))
+        logger.info("warm-up on %s", ", ".join(t.name for t in config.tasks))
         tokenizer = AutoTokenizer.from_pretrained(base)
         with EnvStack(stack_config(config.tasks), startup_timeout=180) as stack:
             held_out, train = split(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
@@ -246,7 +257,7 @@ def sessions(tasks: Sequence[TaskSpec]) -> dict[str, int]:
 def run_settings(args: argparse.Namespace, arm: str, model: Path, fixed: Path | None = None) -> dict[str, Any]:
     """What a run depends on besides its seed; a ``run.json`` made with other settings is not resumed. ``fixed``:
     the fixed pool model, recorded where the arm uses it."""
-    spec = arms()[arm] if arm not in UNTRAINED else Arm(FAMILIES)
+    spec = arm_spec(arm, args.families)
     settings = {"arm": arm, "families": list(spec.families), "steps": 0 if arm in UNTRAINED else args.steps,
                 "batch": args.batch, "n": args.n, "arm_overrides": list(spec.overrides), "overrides": args.override,
                 "model": model.name}
@@ -255,10 +266,16 @@ def run_settings(args: argparse.Namespace, arm: str, model: Path, fixed: Path | 
     return settings
 
 
-def run_done(record: dict[str, Any] | None, eval_size: int) -> bool:
-    """Whether a saved run needs nothing more: evaluated on ``eval_size`` episodes of every family."""
+def arm_spec(arm: str, families: Sequence[str]) -> Arm:
+    """The arm ``arm`` of a bench on ``families``; an untrained model's evaluation (:data:`UNTRAINED`) plays them
+    all."""
+    return Arm(tuple(families)) if arm in UNTRAINED else arms(families)[arm]
+
+
+def run_done(record: dict[str, Any] | None, eval_size: int, families: Sequence[str]) -> bool:
+    """Whether a saved run needs nothing more: evaluated on ``eval_size`` episodes of each of ``families``."""
     return record is not None and record.get("eval_size") == eval_size and set(record.get("held_out", {})) == set(
-        FAMILIES)
+        families)
 
 
 def write_run(folder: Path, record: dict[str, Any]) -> None:
@@ -354,7 +371,7 @@ def evaluate(model_path: Path, start: Path, url: str, held_out: dict[str, list],
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(start)
-    splits = {family: held_out[family][:eval_size] for family in FAMILIES}
+    splits = {family: indices[:eval_size] for family, indices in held_out.items()}
     results = evaluate_tasks(url, model, tokenizer, splits, config.eval, sessions(config.tasks), greedy=False,
                              seed=config.seed)
     return {family: episode_stats(result.episodes) for family, result in results.items()}
@@ -375,10 +392,10 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     that use it). Returns its record."""
     settings = run_settings(args, arm, model, fixed)
     saved = saved_record(folder / "run.json", settings)
-    if run_done(saved, args.eval_size):
+    if run_done(saved, args.eval_size, args.families):
         logger.info("%s seed %d: done before, kept", arm, seed)
         return saved
-    spec = arms()[arm] if arm not in UNTRAINED else Arm(FAMILIES)
+    spec = arm_spec(arm, args.families)
     spec = dataclasses.replace(spec, overrides=arm_overrides(spec, fixed))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "env_logs").mkdir(exist_ok=True)
@@ -466,7 +483,8 @@ def run_children(args: argparse.Namespace, argv: Sequence[str], workdir: Path, m
     commands = {}
     for arm, seed in jobs(args):
         folder = run_folder(workdir, arm, seed)
-        if run_done(saved_record(folder / "run.json", run_settings(args, arm, model, fixed)), args.eval_size):
+        if run_done(saved_record(folder / "run.json", run_settings(args, arm, model, fixed)), args.eval_size,
+                    args.families):
             continue
         folder.mkdir(parents=True, exist_ok=True)
         commands[f"{arm} seed {seed}"] = ([sys.executable, "-m", "bench.ablation", *argv, "--arms", arm, "--seeds",
@@ -483,6 +501,14 @@ def load_runs(workdir: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(workdir.glob("**/run.json"))]
 
 
+def bench_families(records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The families of a bench's runs (``--families``), in :data:`FAMILIES`' order: every evaluation plays them all,
+    and the multi-task arms' settings and training name them."""
+    named = {f for r in records for f in (*r.get("held_out", {}), *r.get("settings", {}).get("families", ()),
+                                          *r.get("train", {}).get("families", {}))}
+    return tuple(f for f in FAMILIES if f in named)
+
+
 # ---- the report ---------------------------------------------------------------------------------------
 
 
@@ -491,26 +517,27 @@ def arm_statistics(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     mean held-out success over seeds and its standard error, and the seeds; plus ``specialists`` (each
     ``single_<family>`` arm on its own family) when every single-task arm was evaluated. Records without an evaluation
     are left out."""
-    order = [*UNTRAINED, *arms()]
-    evaluated = [r for r in records if set(r.get("held_out", {})) == set(FAMILIES)]
+    families = bench_families(records)
+    order = [*UNTRAINED, *arms(families)]
+    evaluated = [r for r in records if set(r.get("held_out", {})) == set(families)]
     stats: dict[str, dict[str, Any]] = {}
     for arm in sorted({r["arm"] for r in evaluated}, key=order.index):
         runs = sorted((r for r in evaluated if r["arm"] == arm), key=lambda r: r["seed"])
         row: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
-        for family in FAMILIES:
+        for family in families:
             row[family] = mean_and_se([r["held_out"][family]["success"] for r in runs])
-        row["mean"] = mean_and_se([sum(r["held_out"][f]["success"] for f in FAMILIES) / len(FAMILIES) for r in runs])
+        row["mean"] = mean_and_se([sum(r["held_out"][f]["success"] for f in families) / len(families) for r in runs])
         stats[arm] = row
-    singles = [f"single_{family}" for family in FAMILIES]
+    singles = [f"single_{family}" for family in families]
     if all(arm in stats for arm in singles):
-        # Seeds pair the specialists: seed s's mean is over the three single-task runs of seed s.
+        # Seeds pair the specialists: seed s's mean is over the single-task runs of seed s.
         seeds = sorted(set.intersection(*(set(stats[arm]["seeds"]) for arm in singles)))
         by_seed = {(r["arm"], r["seed"]): r for r in evaluated}
         row = {"seeds": seeds}
-        for family in FAMILIES:
+        for family in families:
             row[family] = stats[f"single_{family}"][family]
-        row["mean"] = mean_and_se([sum(by_seed[f"single_{f}", s]["held_out"][f]["success"] for f in FAMILIES)
-                                   / len(FAMILIES) for s in seeds]) if seeds else (math.nan, math.nan)
+        row["mean"] = mean_and_se([sum(by_seed[f"single_{f}", s]["held_out"][f]["success"] for f in families)
+                                   / len(families) for s in seeds]) if seeds else (math.nan, math.nan)
         stats["specialists"] = row
     return stats
 
@@ -520,13 +547,15 @@ def paired_differences(records: Sequence[dict[str, Any]]) -> dict[str, dict[str,
     per family and for the mean over families, the mean over those seeds of A's held-out success minus B's and its
     standard error, and the seeds. A seed sets the same prompts and data order in every arm, so pairing by seed takes
     that share of the spread out."""
+    families = bench_families(records)
     success = {(r["arm"], r["seed"]): r["held_out"] for r in records
-               if r["arm"] in arms() and set(r.get("held_out", {})) == set(FAMILIES)}
-    multi = [arm for arm, spec in arms().items() if spec.families == FAMILIES and any(a == arm for a, _ in success)]
+               if r["arm"] in arms(families) and set(r.get("held_out", {})) == set(families)}
+    multi = [arm for arm, spec in arms(families).items()
+             if spec.families == families and any(a == arm for a, _ in success)]
 
     def value(arm: str, seed: int, key: str) -> float:
         held = success[arm, seed]
-        return sum(held[f]["success"] for f in FAMILIES) / len(FAMILIES) if key == "mean" else held[key]["success"]
+        return sum(held[f]["success"] for f in families) / len(families) if key == "mean" else held[key]["success"]
 
     out = {}
     for i, first in enumerate(multi):
@@ -534,7 +563,7 @@ def paired_differences(records: Sequence[dict[str, Any]]) -> dict[str, dict[str,
             seeds = sorted({s for a, s in success if a == first} & {s for a, s in success if a == second})
             if len(seeds) >= 2:
                 out[f"{first} - {second}"] = {"seeds": seeds, **{key: mean_and_se(
-                    [value(first, s, key) - value(second, s, key) for s in seeds]) for key in (*FAMILIES, "mean")}}
+                    [value(first, s, key) - value(second, s, key) for s in seeds]) for key in (*families, "mean")}}
     return out
 
 
@@ -559,6 +588,7 @@ def speed_table(records: Sequence[dict[str, Any]]) -> list[str]:
     speed = speedups(records)
     if speed is None:
         return []
+    families = bench_families(records)
     lines = ["## Asynchronous vs synchronous", "",
              f"Speedup (`{SYNC}` training time / `full` training time, the same trajectories): "
              f"**{speed['speedup'][0]:.2f} +- {speed['speedup'][1]:.2f}** over {len(speed['seeds'])} seeds "
@@ -581,7 +611,7 @@ def speed_table(records: Sequence[dict[str, Any]]) -> list[str]:
                                               for p in phases) + " |")
     lines += ["", "Where an episode's time goes, per family (s, turns; means over steps and seeds):", "",
               f"| family | arm | {' | '.join(EPISODE_TIME)} |", "| --- | --- |" + " --- |" * len(EPISODE_TIME)]
-    for family in FAMILIES:
+    for family in families:
         for arm, trains in runs.items():
             cells = [average([v for t in trains for v in t["families"].get(family, {}).get(name, [])])
                      for name in EPISODE_TIME]
@@ -598,6 +628,7 @@ def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
     """What differs between the families (Markdown rows): the start model's held-out play (success, mean reward,
     share of partial rewards, turns) and the ``full`` arm's first RL step with episodes of the family (tokens generated
     and from the environment per episode, training success with any positive reward counted)."""
+    families = bench_families(records)
     start = next((r for r in records if r["arm"] == START and "held_out" in r), None)
     full = [r for r in records if r["arm"] == "full" and "train" in r]
     lines = ["| family | start success | start mean reward | partial rewards | turns | generated tokens "
@@ -609,7 +640,7 @@ def family_table(records: Sequence[dict[str, Any]]) -> list[str]:
                   if any(v is not None for v in r["train"]["families"][family][name])]
         return f"{sum(values) / len(values):.2f}" if values else "-"
 
-    for family in FAMILIES:
+    for family in families:
         s = start["held_out"][family] if start else None
         cells = ["-"] * 4 if s is None else [f"{s['success']:.2f}", f"{s['reward']:.2f}", f"{s['partial']:.2f}",
                                              f"{s['turns']:.1f}"]
@@ -623,10 +654,10 @@ def describe(records: Sequence[dict[str, Any]]) -> str:
     trained = [r["settings"] for r in records if r["arm"] not in UNTRAINED]
     if not trained:
         return "No training run yet."
-    s = trained[0]
+    s, families = trained[0], bench_families(records)
     sizes = sorted({str(r["eval_size"]) for r in records if "eval_size" in r})
     fixed = sorted({r["settings"]["fixed_model"] for r in records if "fixed_model" in r["settings"]})
-    return (f"Families {', '.join(FAMILIES)} (demo_multitask.yaml's easy settings), start model {s['model']}"
+    return (f"Families {', '.join(families)} (demo_multitask.yaml's easy settings), start model {s['model']}"
             f"{''.join(f', fixed pool model {name}' for name in fixed)}; "
             f"{s['steps']} steps of {s['batch'] or 'the preset'} groups x {s['n'] or 'the preset'} trajectories per "
             f"run; held-out {' / '.join(sizes) or '-'} sampled episodes per family per model; extra overrides "
@@ -636,16 +667,17 @@ def describe(records: Sequence[dict[str, Any]]) -> str:
 def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[str, Any]], settings: str) -> str:
     """The report: the paper's table (rows arms; columns families and their mean; success +- s.e. over seeds), the
     families' differences, and each arm's training (trajectories per family, time)."""
+    families = bench_families(records)
     lines = ["# bench.ablation", "", settings, "",
              "Held-out success (sampled), mean +- standard error over seeds:", "",
-             f"| arm | seeds | {' | '.join(FAMILIES)} | mean |", "| --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+             f"| arm | seeds | {' | '.join(families)} | mean |", "| --- | --- |" + " --- |" * (len(families) + 1)]
     for arm, row in stats.items():
-        cells = " | ".join(f"{row[key][0]:.3f} +- {row[key][1]:.3f}" for key in (*FAMILIES, "mean"))
+        cells = " | ".join(f"{row[key][0]:.3f} +- {row[key][1]:.3f}" for key in (*families, "mean"))
         lines.append(f"| {arm} | {len(row['seeds'])} | {cells} |")
     episodes = sorted({v["episodes"] for r in records for v in r.get("held_out", {}).values()})
     if episodes:
         worst = max(binomial_se(r["held_out"][f]["success"], r["held_out"][f]["episodes"])
-                    for r in records if "held_out" in r for f in FAMILIES)
+                    for r in records if "held_out" in r for f in families)
         lines += ["", f"Each run's rate of a family is over {', '.join(map(str, episodes))} held-out episodes "
                       f"(binomial standard error at most {worst:.3f} in any run). `specialists`: each single-task "
                       "arm on its own family (the paper's single-task comparison); a single-task arm's other "
@@ -654,17 +686,17 @@ def summary_markdown(records: Sequence[dict[str, Any]], stats: dict[str, dict[st
     if pairs:
         lines += ["", "Paired by seed: the difference of two arms' held-out success on each seed they share, mean +- "
                       "standard error over those seeds:", "",
-                  f"| arms | seeds | {' | '.join(FAMILIES)} | mean |", "| --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
+                  f"| arms | seeds | {' | '.join(families)} | mean |", "| --- | --- |" + " --- |" * (len(families) + 1)]
         for name, row in pairs.items():
-            cells = " | ".join(f"{row[key][0]:+.3f} +- {row[key][1]:.3f}" for key in (*FAMILIES, "mean"))
+            cells = " | ".join(f"{row[key][0]:+.3f} +- {row[key][1]:.3f}" for key in (*families, "mean"))
             lines.append(f"| {name} | {len(row['seeds'])} | {cells} |")
     lines += ["", "## The families", "", *family_table(records), "",
-              "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(FAMILIES)} (trajectories) "
-              "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(FAMILIES) + 1)]
-    trained = sorted((r for r in records if "train" in r), key=lambda r: ([*arms()].index(r["arm"]), r["seed"]))
+              "## Training", "", f"| arm | seed | steps | trajectories | {' | '.join(families)} (trajectories) "
+              "| training s |", "| --- | --- | --- | --- |" + " --- |" * (len(families) + 1)]
+    trained = sorted((r for r in records if "train" in r), key=lambda r: ([*arms(families)].index(r["arm"]), r["seed"]))
     for r in trained:
         t = r["train"]
-        per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in FAMILIES)
+        per = " | ".join(f"{t['families'][f]['trajectories']:.0f}" if f in t["families"] else "0" for f in families)
         lines.append(f"| {r['arm']} | {r['seed']} | {t['steps']} | {t['trajectories']:.0f} | {per} "
                      f"| {t['train_s']:.0f} |")
     return "\n".join([*lines, "", *speed_table(records), *cross_policy_table(trained)]) + "\n"
@@ -704,14 +736,15 @@ def cross_policy_table(trained: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(stats: dict[str, dict[str, Any]], path: Path) -> None:
-    """Grouped bars: each arm's held-out success per family and their mean, with standard-error bars."""
+def plot(stats: dict[str, dict[str, Any]], families: Sequence[str], path: Path) -> None:
+    """Grouped bars: each arm's held-out success per family of ``families`` and their mean, with standard-error
+    bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [*FAMILIES, "mean"]
+    keys = [*families, "mean"]
     width = 0.8 / max(len(stats), 1)
     fig, ax = plt.subplots(figsize=(10, 4))
     for i, (arm, row) in enumerate(stats.items()):
@@ -748,7 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(args.out or tempfile.mkdtemp(prefix="ablation_")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        config = workload()
+        config = workload(args.families)
         # Resolved: each verl run works in its own folder.
         base = args.base and Path(args.base)
         model = Path(args.model).resolve() if args.model else warmed_up_model(config, base)
@@ -774,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                       "runs": records}, indent=2))
     (workdir / "summary.md").write_text(summary_markdown(records, stats, settings))
     try:
-        plot(stats, workdir / "ablation.png")
+        plot(stats, bench_families(records), workdir / "ablation.png")
     except ImportError:
         logger.warning("matplotlib is not installed: no ablation.png")
     print(summary_markdown(records, stats, settings))

@@ -25,8 +25,8 @@ the others run again.
 The last line printed is ``key=value`` pairs: mean speedup (sync training time / async training time) and held-out
 success of each arm with their standard errors over seeds, the paired difference, and the async runs' staleness.
 
-The same comparison on the real families (calc, kg, webshop at the multi-task demo's settings, no synthetic delay) is
-``python -m bench.ablation --arms full sync``.
+The same comparison on the real families (calc, kg, webshop and alfworld at the multi-task demo's settings, no
+synthetic delay) is ``python -m bench.ablation --arms full sync``.
 
 Results and how to read them: ``docs/training/async.md``.
 """

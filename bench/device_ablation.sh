@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop (the GPU is unused):
-# every run at once, OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (the warm-up built here, carried), or
-# BASE=DIR (the tiny model built here, carried: without alfworld there, it would build another tokenizer), from
-# which the warm-up is built there first on 16 threads (3.5 min), and beside it the fixed_pool arm's default fixed
-# model (the same warm-up with warmup.seed 1), both brought back in $OUT/warmup.tgz. FIXED=DIR: the fixed_pool arm's
-# model (--fixed-model); with MODEL and no FIXED the bench builds its default itself, on the bench's 2 threads.
+# bench.ablation's runs on a GPU machine's CPU cores (the `device` tool), CPU only as on a laptop: every run at once,
+# OMP_NUM_THREADS=2 per process. The start model: MODEL=DIR (a warm-up, carried), else the warm-up is built there
+# first (on the GPU, `warmup.device: auto`) from BASE=DIR (a tiny model, carried) or, without BASE, from the tiny model
+# built there (its tokenizer is trained on the text of the families installed there), and beside it, where an arm
+# needs it, the fixed_pool arm's default fixed model (the same warm-up with warmup.seed 1); both come back in
+# $OUT/warmup.tgz. FIXED=DIR: the fixed_pool arm's model (--fixed-model); with MODEL and no FIXED the bench builds its
+# default itself, on the bench's 2 threads.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
-#                     and cp312 wheels of pyoxigraph (kg), nltk, thefuzz and rapidfuzz (webshop) in a
-#                     folder WHEELS (pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
-#                     manylinux2014_x86_64), or their unpacked contents as WHEELS=FILE.tar.xz; BASE's weights may be
-#                     carried as model.safetensors.xz (the carry is limited to 64 MiB with the bundle; the
-#                     checkout, the bundle, the wheels and a model come to just over it: leave the bundle's
-#                     uvloop wheel out, which Ray and the environment stack use only where it is installed).
-# Run (device tool):  carry [".verl_bundle", WHEELS, MODEL], command "WHEELS=... MODEL=... bash bench/device_ablation.sh
-#                     --parallel 19 --pin --steps 12 --eval-size 64" (arguments go to bench.ablation; TOTAL_S bounds
-#                     all but the collection; --pin: each run on 3 of the 64-core machine's CPUs).
+#                     and bash bench/make_device_wheels.sh (the env side's wheels, TextWorld and ALFWorld included, as
+#                     .device_wheels.tar.xz). The carry is limited to 64 MiB with the checkout: leave the bundle's
+#                     uvloop wheel out (Ray and the environment stack use it only where it is installed); a model
+#                     may be carried with its weights as model.safetensors.xz where it fits.
+# Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "WHEELS=.device_wheels.tar.xz bash
+#                     bench/device_ablation.sh --arms full sync --parallel 8 --pin --steps 12 --eval-size 32" (arguments
+#                     go to bench.ablation; TOTAL_S bounds all but the collection; --pin: each run on 2 of the 16-core
+#                     machine's CPUs).
 # Small results (summary.md/json, ablation.png, each run's run.json, metrics and logs) go to $OUT as runs.tgz; models
 # stay behind in /tmp/ablation. The same arguments on the same (still warm) machine resume a bench that was cut off.
 set -uo pipefail
@@ -53,28 +53,34 @@ echo "cpus $(nproc --all)"
 began=$SECONDS
 python3 -m compileall -q -j 0 /tmp/site "$PWD/agentrl_verl" "$PWD/env_adapters" "$PWD/bench" > /dev/null 2>&1
 echo "bytecode: $((SECONDS - began)) s"
+# The bench's own parsing of its arguments: the families (--families) and whether an arm needs the fixed model.
+read -r FAMILIES NEEDS_FIXED < <(python3 -c "import sys; from bench.ablation import parse_args, uses_fixed_model; \
+args = parse_args(sys.argv[1:]); print(repr(args.families).replace(' ', ''), int(uses_fixed_model(args.arms)))" "$@")
+[ -n "${NEEDS_FIXED:-}" ] || { echo "bench.ablation refused the arguments: $*"; exit 2; }
 warm_up() {  # $1: the warm-up's settings (a Python expression over bench.ablation), $2: its log's name
   OMP_NUM_THREADS=16 python3 -c "import sys; from pathlib import Path; from bench.ablation import \
-warmed_up_model, workload, fixed_warmup; print(warmed_up_model($1, Path(sys.argv[1])))" "$BASE" 2> "$LOGS/$2.log" \
-    | tail -1
+warmed_up_model, workload, fixed_warmup; print(warmed_up_model($1, Path(sys.argv[1]) if sys.argv[1] else None))" \
+    "${BASE:-}" 2> "$LOGS/$2.log" | tail -1
 }
-if [ -z "${MODEL:-}" ] && [ -n "${BASE:-}" ]; then
+if [ -z "${MODEL:-}" ]; then
   began=$SECONDS
-  # Both at once: each on 16 of the machine's cores, the fixed one only where no FIXED is carried.
-  warm_up "workload()" warmup > "$LOGS/warmup.path" &
+  # Both at once, the fixed one only where an arm needs it and no FIXED is carried.
+  warm_up "workload($FAMILIES)" warmup > "$LOGS/warmup.path" &
   builds=($!)
-  if [ -z "${FIXED:-}" ]; then warm_up "fixed_warmup(workload())" warmup_fixed > "$LOGS/warmup_fixed.path" &
-    builds+=($!); fi
+  if [ "$NEEDS_FIXED" = 1 ] && [ -z "${FIXED:-}" ]; then
+    warm_up "fixed_warmup(workload($FAMILIES))" warmup_fixed > "$LOGS/warmup_fixed.path" &
+    builds+=($!)
+  fi
   wait "${builds[@]}"  # not the load sampler
   MODEL=$(cat "$LOGS/warmup.path")
-  FIXED=${FIXED:-$(cat "$LOGS/warmup_fixed.path")}
-  for dir in "$MODEL" "$FIXED"; do
+  [ "$NEEDS_FIXED" = 1 ] && FIXED=${FIXED:-$(cat "$LOGS/warmup_fixed.path")}
+  for dir in "$MODEL" ${FIXED:-}; do
     [ -f "$dir/config.json" ] || { echo "warm-up failed"; tail -20 "$LOGS"/warmup*.log; exit 1; }
     echo "warm-up: $dir: $(cut -c1-200 "$dir/warmup.json")"
   done
   echo "warm-ups: $((SECONDS - began)) s"
-  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")" -C "$(dirname "$FIXED")" \
-    "$(basename "$FIXED")"
+  tar czf "$OUT/warmup.tgz" -C "$(dirname "$MODEL")" "$(basename "$MODEL")" \
+    ${FIXED:+-C "$(dirname "$FIXED")" "$(basename "$FIXED")"}
 fi
 MODEL_ARGS=()
 [ -z "${MODEL:-}" ] || MODEL_ARGS+=(--model "$MODEL")

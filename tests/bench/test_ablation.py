@@ -41,7 +41,7 @@ from bench.common import cpu_shares, saved_record
 def test_arms_switch_off_one_mechanism_each_or_train_one_family():
     named = arms()
     assert list(named) == ["full", "fixed_pool", "no_task_norm", "no_cross_policy", "single_calc", "single_kg",
-                           "single_webshop", "sync"]
+                           "single_webshop", "single_alfworld", "sync"]
     assert named["sync"].overrides == ("trainer.v1.trainer_mode=agentrl_sync",) and named["sync"].families == FAMILIES
     assert named["full"].overrides == () and named["full"].families == FAMILIES and not named["full"].fixed_model
     assert named["fixed_pool"].fixed_model and named["fixed_pool"].families == FAMILIES
@@ -50,9 +50,11 @@ def test_arms_switch_off_one_mechanism_each_or_train_one_family():
     assert named["single_kg"].families == ("kg",) and named["single_kg"].overrides == ()
 
 
-def test_workload_is_the_multitask_demo_without_alfworld_and_holds_out_the_same_indices():
+def test_workload_is_the_multitask_demo_or_some_of_its_families_and_holds_out_the_same_indices():
     config = workload()
-    assert [t.name for t in config.tasks] == list(FAMILIES)
+    preset = yaml.safe_load((Path(CONFIG_DIR) / "demo_multitask.yaml").read_text())
+    assert [t.name for t in config.tasks] == list(FAMILIES) == [t["name"] for t in preset["tasks"]]
+    assert [t.name for t in workload(("calc", "webshop")).tasks] == ["calc", "webshop"]
     assert all(t.held_out == HELD_OUT and t.learnable for t in config.tasks)
     # Sampled at the temperature the RL rollout samples at (the demo preset's).
     rollout = yaml.safe_load((Path(CONFIG_DIR) / "demo" / "tiny.yaml").read_text())["actor_rollout_ref"]["rollout"]
@@ -77,6 +79,19 @@ def test_parse_args_defaults_and_limits():
         parse_args(["--report"])  # needs --out
     with pytest.raises(SystemExit):
         parse_args(["--arms", "no_such_arm"])
+
+
+def test_families_option_sets_the_arms_and_keeps_the_presets_order():
+    args = parse_args(["--families", "webshop", "calc", "kg"])
+    assert args.families == ("calc", "kg", "webshop")  # the preset's order, whatever the command's
+    assert args.arms == [arm for arm in arms(("calc", "kg", "webshop")) if arm != "sync"]
+    assert "single_alfworld" not in args.arms and arms(args.families)["full"].families == args.families
+    with pytest.raises(SystemExit):
+        parse_args(["--families", "calc", "--arms", "single_kg"])  # not an arm of that bench
+    with pytest.raises(SystemExit):
+        parse_args(["--families", "calc", "calc"])
+    with pytest.raises(SystemExit):
+        parse_args(["--families", "os"])  # not a family of the multi-task preset
 
 
 def _step(step: int, families: dict[str, float], seconds: float = 10.0, save: float | None = None) -> dict:
@@ -145,17 +160,21 @@ def test_train_summary_of_a_fixed_pool_member_has_its_turns_and_log_probs_and_no
             "| - |") in lines
 
 
+THREE = ("calc", "kg", "webshop")
+"""The families of the records below: a bench with ``--families calc kg webshop`` (or one made before alfworld)."""
+
+
 def _held_out(success: dict[str, float], episodes: int = 100) -> dict:
-    return {f: {"success": success[f], "reward": success[f], "partial": 0.0, "turns": 2.0, "episodes": episodes}
-            for f in FAMILIES}
+    return {f: {"success": rate, "reward": rate, "partial": 0.0, "turns": 2.0, "episodes": episodes}
+            for f, rate in success.items()}
 
 
 def _record(arm: str, seed: int, success: dict[str, float] | None, steps: int = 12) -> dict:
     record = {"arm": arm, "seed": seed,
               "settings": {"arm": arm, "steps": steps, "batch": None, "n": None, "overrides": [], "model": "w"}}
     if arm != START:
-        record["train"] = train_summary([_step(1, {f: 64.0 / len(arms()[arm].families)
-                                                   for f in arms()[arm].families})], FAMILIES)
+        trained = arms(THREE)[arm].families
+        record["train"] = train_summary([_step(1, {f: 64.0 / len(trained) for f in trained})], THREE)
     if success is not None:
         record.update(held_out=_held_out(success), eval_size=100)
     return record
@@ -167,8 +186,8 @@ def test_arm_statistics_over_seeds_and_the_specialists_row():
                _record("full", 1, {"calc": 0.4, "kg": 0.3, "webshop": 0.5}),
                _record("no_task_norm", 0, None)]  # trained, not evaluated: left out
     for seed in (0, 1):
-        for family in FAMILIES:
-            success = dict.fromkeys(FAMILIES, 0.0) | {family: 0.5 + 0.1 * seed}
+        for family in THREE:
+            success = dict.fromkeys(THREE, 0.0) | {family: 0.5 + 0.1 * seed}
             records.append(_record(f"single_{family}", seed, success))
     stats = arm_statistics(records)
     assert list(stats) == [START, "full", "single_calc", "single_kg", "single_webshop", "specialists"]
@@ -222,10 +241,11 @@ def test_summary_markdown_table_in_the_papers_layout_and_the_headline():
 
 
 def test_run_done_needs_every_family_at_the_eval_size(tmp_path):
-    assert not run_done(None, 100)
-    assert not run_done(_record("full", 0, None), 100)  # trained only
-    assert run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 100)
-    assert not run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 50)
+    assert not run_done(None, 100, THREE)
+    assert not run_done(_record("full", 0, None), 100, THREE)  # trained only
+    assert run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 100, THREE)
+    assert not run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 50, THREE)
+    assert not run_done(_record("full", 0, {"calc": 0.5, "kg": 0.5, "webshop": 0.5}), 100, FAMILIES)  # no alfworld
 
 
 def test_saved_run_refuses_other_settings(tmp_path):
@@ -270,7 +290,7 @@ def no_verl(monkeypatch):
     def evaluate(model_path, start, url, held_out, config, eval_size):
         calls["evaluate"].append(Path(model_path).name)
         assert all(len(v) == HELD_OUT for v in held_out.values())
-        return _held_out(dict.fromkeys(FAMILIES, 0.5), eval_size)
+        return _held_out(dict.fromkeys(held_out, 0.5), eval_size)
 
     monkeypatch.setattr(ablation, "EnvStack", _Stack)
     monkeypatch.setattr(ablation, "task_indices", indices)
