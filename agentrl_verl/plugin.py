@@ -33,8 +33,10 @@ COMPONENTS: dict[str, str | None] = {
     "agentrl_verl.core.trainer": "verl.trainer.ppo.v1",  # the task_norm_grpo estimator serves only its trainers
     "agentrl_verl.core.async_trainer": "verl.trainer.ppo.v1",
     "agentrl_verl.backends.object_store_engine": "verl.checkpoint_engine",  # cross-policy weight sync on CPU
+    "agentrl_verl.backends.chunked_logprobs": "verl.utils.torch_functional",  # log-probs without flash-attn
 }
-"""Packages, not their modules, trigger registration: a package's hook runs once all of its modules are complete."""
+"""A registry's package, not its module, triggers registration (a package's hook runs once all of its modules are
+complete); a replaced function's module triggers its replacement."""
 
 _registered = False
 

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,6 +48,8 @@ from agentrl_verl.core.env_launch import start_env_stack
 from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.core.policy_pool import CrossPolicyTrainerMixin
 from agentrl_verl.core.verl_seam import batch_fields
+
+logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "agentrl_sync"
 
@@ -155,6 +159,27 @@ def episode_metrics(extras: Sequence[dict[str, Any] | None], prefix: str = "agen
 # ---- the trainer mode --------------------------------------------------------------------------------
 
 
+def wait_for_start_model(path: str, timeout_s: float, poll_s: float = 0.5, report_every_s: float = 30.0) -> float:
+    """Wait up to ``timeout_s`` for the model directory ``path`` to hold its ``config.json``; returns the seconds
+    waited. A writer makes the directory appear whole (written elsewhere, then renamed), as the demo's warm-up does.
+
+    Raises:
+        TimeoutError: the directory did not appear in time (the message names ``agentrl.start_model_wait_s``).
+    """
+    marker = Path(path) / "config.json"
+    started = reported = time.monotonic()
+    while timeout_s > 0 and not marker.exists():
+        now = time.monotonic()
+        if now - started >= timeout_s:
+            raise TimeoutError(f"the start model {path} did not appear within agentrl.start_model_wait_s="
+                               f"{timeout_s:g} s; whatever writes it (the demo's warm-up) stopped or is slower")
+        if now - reported >= report_every_s:
+            logger.info("waiting for the start model %s (%.0f s so far)", path, now - started)
+            reported = now
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
 class TaskAwareTrainerMixin:
     """Validates the ``agentrl`` config, adds the tasks to the advantage step and per-task episode metrics to a V1
     trainer, and starts training only once the agent loop workers are up.
@@ -193,6 +218,13 @@ class TaskAwareTrainerMixin:
     def init(self) -> None:
         with self._stopping_env_stack_on_error():
             super().init()
+
+    def _setup(self) -> None:
+        # Before verl's setup, the first to read the model (its tokenizer, then the workers' weights).
+        waited = wait_for_start_model(self.config.actor_rollout_ref.model.path, self.agentrl.start_model_wait_s)
+        if waited >= 1:
+            logger.info("the start model appeared after %.0f s", waited)
+        super()._setup()
 
     @property
     def trainer_mode(self) -> str:

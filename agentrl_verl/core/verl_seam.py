@@ -31,7 +31,7 @@ class Private:
     Attributes:
         path: ``module:Qualified.name``.
         use: ``override`` (a subclass replaces it and calls it), ``call``, ``read`` (instance state set in the
-            owner's ``__init__``), ``register`` (we add entries) or ``wrap`` (replaced at run time, CPU only).
+            owner's ``__init__``), ``register`` (we add entries) or ``wrap`` (replaced at run time).
         where: Our module that relies on it.
         params: Parameter names a callable must take, in order (None: not a callable, or not checked).
     """
@@ -87,6 +87,9 @@ PRIVATE: tuple[Private, ...] = (
     # Registries without a public registration function.
     Private("verl.workers.rollout.base:_ROLLOUT_REGISTRY", "register", _HF),
     Private("verl.workers.engine:EngineRegistry._engines", "register", _CPU),
+    # verl's row-by-row log-probs where flash-attn is missing, replaced by chunks of rows (called by module global).
+    Private("verl.utils.torch_functional:logprobs_from_logits_v2", "wrap", "backends.chunked_logprobs",
+            ("logits", "labels")),
     # Accelerator assumptions worked around on the CPU platform.
     Private("verl.utils.distributed:initialize_global_process_group_ray", "wrap", _CPU,
             ("timeout_second", "backend")),

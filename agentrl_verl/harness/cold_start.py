@@ -177,8 +177,9 @@ class WarmupConfig:
     screen_margin: float = 0.15
     seed: int = 0
     device: str = "auto"
-    """Where the warm-up trains: ``cpu``, ``cuda``, or ``auto`` (``cuda`` where torch sees a GPU). Held-out checks
-    play on the CPU, as RL's rollout does (the model moves there for them); the checkpoint is saved from the CPU."""
+    """Where the warm-up trains: ``cpu``, ``cuda``, or ``auto`` (``cuda`` where torch sees a GPU). Its held-out checks
+    play there too, as RL's rollout does on that machine (on a GPU, the CPU's cores are left to verl's start-up
+    beside it); the checkpoint is saved from the CPU."""
 
 
 @dataclass
@@ -246,8 +247,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
         loss_sum += loss.item()
         since_eval += 1
         if dense or step % config.eval_every == 0 or step == config.max_steps:
-            outcomes = _check(model.cpu(), eval_fn, config, screen=dense and step < config.max_steps)
-            model.to(device)
+            outcomes = _check(model, eval_fn, config, screen=dense and step < config.max_steps)
             success = sum(outcomes) / len(outcomes)
             dense = dense or success >= config.dense_eval_from
             row = {"step": step, "loss": loss_sum / since_eval, "success": success, "episodes": len(outcomes),

@@ -10,10 +10,12 @@ What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset `
    room (:mod:`.cold_start`). With ``warmup.reuse`` a model warmed up by an earlier run with the same settings is
    taken from the cache instead (:mod:`.warmup_cache`), and a new one is kept there.
 4. Evaluates every task on held-out indices through the stack (greedy, and sampled) with the agent loop that
-   trains (:func:`agentrl_verl.tools.evaluate.evaluate_model`).
+   trains (:func:`agentrl_verl.tools.evaluate.evaluate_model`), on the warm-up's device.
 5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
    cross-policy sampling, showing each step's reward and success per task as it goes. A run that stalls (no
-   step and no output for ``rl.stall_s``) is stopped; there is no limit on its length.
+   step and no output for ``rl.stall_s``) is stopped; there is no limit on its length. It is launched before
+   step 4, whose evaluation plays beside verl's start-up; where the warm-up trains on a GPU, before step 3 too
+   (``rl.start_with_warmup``), its trainer waiting for the warmed-up model (``agentrl.start_model_wait_s``).
 6. Loads the actor verl saved (its HF export) and evaluates again on the same held-out indices.
 7. Writes ``summary.json``, ``summary.md`` (a table), ``learning_curve.png`` and ``trajectories.jsonl`` to
    ``--output-dir``.
@@ -56,7 +58,7 @@ from agentrl_verl.harness.cold_start import (
 )
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir
-from agentrl_verl.harness.warmup_cache import cached_warmup
+from agentrl_verl.harness.warmup_cache import build_whole, cache_path, cached_warmup
 from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
 from env_adapters.sandbox.containers import docker_available
@@ -125,6 +127,22 @@ class RLSpec:
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
     device: str = "auto"  # cuda (one GPU: the trainer and both rollout replicas), cpu, or auto (cuda where torch sees
     # one and the engine serves there, unless AGENTRL_PLATFORM=cpu asks for verl's CPU platform)
+    start_with_warmup: str = "auto"
+    """Launch verl's run before the warm-up, which trains while verl starts (its trainer waits for the model):
+    ``auto`` where the warm-up trains on a GPU (on a CPU the two would share the cores), ``true`` or ``false``."""
+
+    def starts_with_warmup(self, warmup_device: str) -> bool:
+        """:attr:`start_with_warmup` resolved for a warm-up on ``warmup_device`` (``warmup.device``).
+
+        Raises:
+            ValueError: not ``auto``, ``true`` or ``false``.
+        """
+        choice = str(self.start_with_warmup).lower()  # YAML's true arrives as "True"
+        if choice == "auto":
+            return device_setting(warmup_device, "warmup.device") == "cuda"
+        if choice not in ("true", "false"):
+            raise ValueError(f"rl.start_with_warmup={self.start_with_warmup!r}: use auto, true or false")
+        return choice == "true"
 
     def resolved_device(self) -> str:
         """:attr:`device` resolved: ``auto`` is ``cuda`` where torch sees a GPU and the engine serves on one.
@@ -210,6 +228,7 @@ def load_demo_config(path: str | os.PathLike | None = None, overrides: list[str]
     config: DemoConfig = OmegaConf.to_object(merged)
     if not any(t.learnable for t in config.tasks):
         raise ValueError("the demo needs one task with learnable: true (it gets the warm-up demonstrations)")
+    config.rl.starts_with_warmup(config.warmup.device)  # a bad value stops here, not after the stack is up
     return config
 
 
@@ -275,8 +294,9 @@ def write_datasets(out: Path, train_indices: dict[str, list[Index]], held_out: d
 
 
 def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, ray_dir: Path,
-               spec: RLSpec, seed: int = 0) -> list[str]:
-    """The ``main_ppo`` command line of the RL phase."""
+               spec: RLSpec, seed: int = 0, start_model_wait_s: float = 0.0) -> list[str]:
+    """The ``main_ppo`` command line of the RL phase; with ``start_model_wait_s`` its trainer waits that long for
+    ``model_dir`` to appear (a run started before its warm-up ends)."""
     from agentrl_verl.harness.presets import CONFIG_DIR
 
     python = vllm_cpu.vllm_python() if spec.engine == "vllm" else sys.executable
@@ -291,6 +311,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
         f"trainer.default_local_dir={out / 'checkpoints'}",
         f"trainer.rollout_data_dir={out / 'rollouts'}",
         f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        *([f"++agentrl.start_model_wait_s={start_model_wait_s:g}"] if start_model_wait_s else []),
         *spec.overrides,
     ]
 
@@ -339,7 +360,7 @@ on a loaded machine that can happen before anything of the run started."""
 
 
 def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float,
-           env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+           env: dict[str, str] | None = None, stop: threading.Event | None = None) -> list[dict[str, Any]]:
     """Run main_ppo in its own process group, log progress per step, and return the per-step metrics.
 
     Its output goes to ``out/verl.log`` and its metrics to ``out/metrics.jsonl`` (verl's file logger). A run that
@@ -347,15 +368,18 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
     (error, stall, Ctrl-C) the whole process group - verl and its Ray cluster - is stopped, and the shared-memory
     segments its processes left are removed (:func:`vllm_cpu.clean_up_run`). A run whose Ray node did not start in
     time (:data:`RAY_START_TIMEOUT`) is launched again, once. ``env`` adds to its environment
-    (:meth:`RLSpec.platform_env`).
+    (:meth:`RLSpec.platform_env`); setting ``stop`` (from another thread) stops the run within a second.
 
     Raises:
-        RLStopped: the run stalled or exited with an error before its last step.
+        RLStopped: the run stalled, was stopped, or exited with an error before its last step.
     """
     metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     started = time.monotonic()
+    stop = stop or threading.Event()
     for attempt in range(2):
-        returncode, stalled, history = _launch_rl(cmd, out, tasks, steps, stall_s, started, env or {})
+        returncode, stalled, history = _launch_rl(cmd, out, tasks, steps, stall_s, started, env or {}, stop)
+        if stop.is_set():
+            raise RLStopped(f"the RL run was stopped after step {len(history)}/{steps}")
         first_failed_to_start = attempt == 0 and returncode != 0 and not stalled and not history
         if first_failed_to_start and RAY_START_TIMEOUT in log_file.read_text(errors="replace"):
             logger.warning("the RL run's Ray node did not start in time (%s); launching it again", RAY_START_TIMEOUT)
@@ -372,8 +396,8 @@ def run_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: flo
     return _read_jsonl(metrics_file) if metrics_file.exists() else history
 
 
-def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float,
-               started: float, env: dict[str, str]) -> tuple[int, bool, list[dict[str, Any]]]:
+def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s: float, started: float,
+               env: dict[str, str], stop: threading.Event) -> tuple[int, bool, list[dict[str, Any]]]:
     """One launch of :func:`run_rl`'s process; returns its exit code, whether it stalled, and the steps it logged."""
     metrics_file, log_file = out / "metrics.jsonl", out / "verl.log"
     history: list[dict[str, Any]] = []
@@ -388,9 +412,9 @@ def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s:
 
         def watch() -> None:  # a thread, since a hung run prints nothing the loop below could react to
             # Every second: a driver that exited while leftovers hold its output open ends the loop below only here.
-            while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s:
+            while proc.poll() is None and time.monotonic() - last_sign[0] <= stall_s and not stop.is_set():
                 time.sleep(min(1.0, stall_s / 10))
-            if proc.poll() is None:
+            if proc.poll() is None and not stop.is_set():
                 stalled.set()
             _stop_group(proc)  # also when the driver died: Ray's leftovers would hold its output open
 
@@ -412,6 +436,54 @@ def _launch_rl(cmd: list[str], out: Path, tasks: list[str], steps: int, stall_s:
             # main_ppo's driver does this at its exit, which a killed driver never reaches.
             vllm_cpu.clean_up_run(run_id, segments)
     return proc.returncode, stalled.is_set(), history
+
+
+class RLRun:
+    """:func:`run_rl` in a thread of its own, so that the demo's phases go on beside verl's start-up (the evaluation
+    before RL, and on a GPU the warm-up too).
+
+    Args:
+        cmd: The ``main_ppo`` command (:func:`rl_command`).
+        out: The demo's output directory (the run's log and metrics go there).
+        tasks: Task names, for the progress lines.
+        spec: Steps, stall limit and platform of the run.
+    """
+
+    def __init__(self, cmd: list[str], out: Path, tasks: list[str], spec: RLSpec) -> None:
+        self.started: float | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                run_rl(cmd, out, tasks, spec.steps, spec.stall_s, env=spec.platform_env(), stop=self._stop)
+            except BaseException as error:  # raised again in the demo's thread, by wait()
+                self._error = error
+
+        self._cmd = cmd
+        self._thread = threading.Thread(target=run, name="rl-run", daemon=True)
+
+    def start(self) -> None:
+        logger.info("RL: %s", " ".join(self._cmd))
+        self.started = time.monotonic()
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the run has ended (Ctrl-C still reaches the demo's thread meanwhile).
+
+        Raises:
+            RLStopped: as :func:`run_rl`.
+        """
+        while self._thread.is_alive():
+            self._thread.join(0.5)
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Stop the run, if started, and wait until it and its processes are gone (on the demo's own error)."""
+        self._stop.set()
+        if self.started is not None:
+            self._thread.join()
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -645,6 +717,7 @@ def _run_phases(progress: DemoProgress) -> None:
     progress.tasks, progress.learnable = [t.name for t in tasks], [t.name for t in learnable]
     sessions = {t.name: min(t.concurrency, 64) for t in tasks}
 
+    eval_device = device_setting(config.warmup.device, "warmup.device")
     t = time.monotonic()
     model_dir = build_tiny_model(spec=config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -680,23 +753,9 @@ def _run_phases(progress: DemoProgress) -> None:
             warm = supervised_warmup(model_dir, demos, output, warmup_success, config.warmup)
             return {**{k: v for k, v in asdict(warm).items() if k != "path"}, "demonstrations": len(demos)}
 
-        if config.warmup.reuse:
-            cached = cached_warmup(default_cache_dir() / "demo", "warmup", warmup_settings(model_dir, config, tasks),
-                                   warm_up)
-            done, warm_path = cached.metadata, cached.path
-            progress.warmup_cache = {"dir": str(cached.path), "reused": cached.reused}
-            if cached.reused:
-                logger.info("warm-up: reused the cached model %s (no demonstrations, no training)", cached.path)
-        else:
-            warm_path = out / "warmup_model"
-            done = warm_up(warm_path)
-        progress.demonstrations = done.pop("demonstrations")
-        progress.warm = warm = WarmupResult(path=str(warm_path), **done)
-        logger.info("warm-up: %d steps on %s, held-out greedy success %.2f", warm.steps, warm.device, warm.success)
-        t = progress.lap("warmup_s", t)
-
         def evaluate_all(path: str | Path) -> dict[str, dict[str, EvalResult]]:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            # Where the warm-up trains (on a GPU, the CPU's cores stay with verl's processes beside it).
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(eval_device)
             results = {"greedy": evaluate_tasks(stack.url, model, tokenizer, held_out, config.eval, sessions,
                                                 seed=config.seed)}
             if config.eval.sampled:
@@ -707,22 +766,51 @@ def _run_phases(progress: DemoProgress) -> None:
                             ", ".join(f"{k} {v.success_rate:.3f}" for k, v in per_task.items()))
             return results
 
-        progress.before = evaluate_all(warm.path)
-        t = progress.lap("eval_before_s", t)
-
+        # The warm-up model's directory is known before it exists, and appears whole (build_whole): where the warm-up
+        # trains on a GPU, verl's run starts first (rl.start_with_warmup) and its start-up - processes importing verl
+        # one after another - overlaps the warm-up, its trainer waiting for the model (agentrl.start_model_wait_s).
+        # Everywhere, the evaluation before RL plays beside that start-up.
+        settings = warmup_settings(model_dir, config, tasks)
+        if config.warmup.reuse:
+            warm_path = cache_path(default_cache_dir() / "demo", "warmup", settings)
+        else:
+            warm_path = out / "warmup_model"
+            shutil.rmtree(warm_path, ignore_errors=True)  # an earlier run's, in the same output directory
+        early = config.rl.starts_with_warmup(config.warmup.device)
         batch = int(OmegaConf.select(rl_preset_values(config.rl), "data.train_batch_size"))
         train_file, val_file = write_datasets(out / "data", train_indices, held_out,
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
+        progress.command = rl_command(str(warm_path), train_file, val_file, stack.url, out, ray_dir, config.rl,
+                                      config.seed, start_model_wait_s=config.rl.stall_s if early else 0.0)
+        rl = RLRun(progress.command, out, progress.tasks, config.rl)
         try:
-            progress.command = rl_command(warm.path, train_file, val_file, stack.url, out, ray_dir, config.rl,
-                                          config.seed)
-            logger.info("RL: %s", " ".join(progress.command))
-            run_rl(progress.command, out, progress.tasks, config.rl.steps, config.rl.stall_s,
-                   env=config.rl.platform_env())
+            if early:
+                rl.start()
+            if config.warmup.reuse:
+                cached = cached_warmup(default_cache_dir() / "demo", "warmup", settings, warm_up)
+                done = cached.metadata
+                progress.warmup_cache = {"dir": str(cached.path), "reused": cached.reused}
+                if cached.reused:
+                    logger.info("warm-up: reused the cached model %s (no demonstrations, no training)", cached.path)
+            else:
+                done = build_whole(warm_path, warm_up)
+            progress.demonstrations = done.pop("demonstrations")
+            progress.warm = warm = WarmupResult(path=str(warm_path), **done)
+            logger.info("warm-up: %d steps on %s, held-out greedy success %.2f", warm.steps, warm.device,
+                        warm.success)
+            t = progress.lap("warmup_s", t)
+            if not early:
+                rl.start()
+            progress.before = evaluate_all(warm.path)
+            progress.lap("eval_before_s", t)
+            rl.wait()
+        except BaseException:
+            rl.stop()
+            raise
         finally:
             shutil.rmtree(ray_dir, ignore_errors=True)
-        t = progress.lap("rl_s", t)
+        t = progress.lap("rl_s", rl.started)
 
         progress.after = evaluate_all(exported_actor(out / "checkpoints", config.rl.steps))
         progress.lap("eval_after_s", t)
@@ -767,15 +855,16 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Ctrl-C and SIGTERM unwind through the finally blocks that stop the stack and the verl run. SIGINT is set
-    # explicitly because a process started in the background by a non-interactive shell inherits it ignored.
-    relaunch_with_demo_threads()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
     config = load_demo_config(args.config, args.overrides)
     config.rl.overrides = [*config.rl.overrides, *args.rl_overrides]
     if args.engine:
         config.rl.engine = args.engine
+    if config.rl.resolved_device() == "cpu":  # a shared CPU machine's thread settings (harness/threads.py)
+        relaunch_with_demo_threads()
+    # Ctrl-C and SIGTERM unwind through the finally blocks that stop the stack and the verl run. SIGINT is set
+    # explicitly because a process started in the background by a non-interactive shell inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     check_rl_settings(config.rl)  # a bad agentrl.* override stops here, not after the warm-up
     summary = run_demo(args.output_dir, config)
     logger.info("done in %.0fs; results in %s", summary["timings_s"]["total_s"], Path(args.output_dir).resolve())

@@ -10,8 +10,9 @@ cores from the working ones (the demo's median RL step 17.8 s against 9-12 s).
 
 libgomp reads both settings once, when torch loads, which ``import agentrl_verl`` does (it imports verl): so the
 demo's commands re-execute themselves with them (:func:`relaunch_with_demo_threads`) rather than set them after
-the fact. These are a shared CPU machine's settings: a GPU run or any process that does not go through the demo
-keeps OpenMP's defaults. A wait policy the user set wins, and so does a spin count.
+the fact. These are a shared CPU machine's settings: ``agentrl-verl demo`` with its RL on a GPU does not
+re-execute (that would import verl a second time before the first log line), and any process that does not go
+through the demo keeps OpenMP's defaults. A wait policy the user set wins, and so does a spin count.
 """
 
 from __future__ import annotations

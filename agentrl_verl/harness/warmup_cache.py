@@ -2,8 +2,9 @@
 
 A supervised warm-up (:mod:`.cold_start`) gives the same model for the same settings every time, and takes minutes.
 :func:`cached_warmup` builds it once under a key made of those settings and of the warm-up code
-(:func:`cache_key`), in a temporary directory renamed into place, with a ``warmup.json`` of what the warm-up did
-(steps, held-out success, history) so that a later run that reuses the model can still report it.
+(:func:`cache_key`), in a temporary directory renamed into place (:func:`build_whole`), with a ``warmup.json`` of
+what the warm-up did (steps, held-out success, history) so that a later run that reuses the model can still report
+it.
 """
 
 from __future__ import annotations
@@ -43,29 +44,23 @@ class CachedWarmup:
     reused: bool
 
 
-def cached_warmup(root: Path, name: str, settings: dict[str, Any],
-                  build: Callable[[Path], dict[str, Any]]) -> CachedWarmup:
-    """The warm-up model of ``settings`` under ``root``, built by ``build`` unless an earlier run left it there.
+def cache_path(root: Path, name: str, settings: dict[str, Any]) -> Path:
+    """Where :func:`cached_warmup` keeps the model of ``settings``: ``root/<name>-<key>``."""
+    return root / f"{name}-{cache_key(settings)}"
 
-    Args:
-        root: Where the models are kept (e.g. ``$AGENTRL_CACHE_DIR/<bench>``).
-        name: The directory's prefix, before the key (``<name>-<key>``).
-        settings: Everything that shapes the model, JSON values (see :func:`cache_key`).
-        build: Writes the model (an HF directory) into the empty directory it is given and returns what the warm-up
-            did (JSON values), kept in :data:`METADATA`.
+
+def build_whole(target: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``build`` into a temporary directory beside ``target`` and rename it to ``target`` once complete, with
+    :data:`METADATA`: a reader (a verl run waiting for its start model) sees the model whole or not at all.
 
     Returns:
-        The model's directory, its metadata and whether it was reused. A build that raises (or is interrupted)
-        leaves nothing under the key: it writes to a temporary directory, renamed into place when complete.
+        What ``build`` returned. A build that raises (or is interrupted) leaves nothing at ``target``.
+
+    Raises:
+        OSError: ``target`` could not be put in place (it exists, and is no complete model).
     """
-    target = root / f"{name}-{cache_key(settings)}"
-    if (target / "config.json").exists():
-        logger.info("warm-up: reusing the cached model %s", target)
-        metadata = target / METADATA
-        return CachedWarmup(target, json.loads(metadata.read_text()) if metadata.exists() else {}, True)
-    logger.info("warm-up: building the model (once; cached in %s)", target)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
     try:
         metadata = build(tmp)
         (tmp / METADATA).write_text(json.dumps(metadata))
@@ -78,4 +73,28 @@ def cached_warmup(root: Path, name: str, settings: dict[str, Any],
             logger.info("warm-up: %s was built meanwhile; using it", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return CachedWarmup(target, metadata, False)
+    return metadata
+
+
+def cached_warmup(root: Path, name: str, settings: dict[str, Any],
+                  build: Callable[[Path], dict[str, Any]]) -> CachedWarmup:
+    """The warm-up model of ``settings`` under ``root``, built by ``build`` unless an earlier run left it there.
+
+    Args:
+        root: Where the models are kept (e.g. ``$AGENTRL_CACHE_DIR/<bench>``).
+        name: The directory's prefix, before the key (``<name>-<key>``, :func:`cache_path`).
+        settings: Everything that shapes the model, JSON values (see :func:`cache_key`).
+        build: Writes the model (an HF directory) into the empty directory it is given and returns what the warm-up
+            did (JSON values), kept in :data:`METADATA`.
+
+    Returns:
+        The model's directory, its metadata and whether it was reused. A build that raises (or is interrupted)
+        leaves nothing under the key (:func:`build_whole`).
+    """
+    target = cache_path(root, name, settings)
+    if (target / "config.json").exists():
+        logger.info("warm-up: reusing the cached model %s", target)
+        metadata = target / METADATA
+        return CachedWarmup(target, json.loads(metadata.read_text()) if metadata.exists() else {}, True)
+    logger.info("warm-up: building the model (once; cached in %s)", target)
+    return CachedWarmup(target, build_whole(target, build), False)

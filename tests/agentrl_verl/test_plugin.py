@@ -18,6 +18,7 @@ from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 from verl.workers.rollout import base
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
+from verl.utils import torch_functional
 plugin = sys.modules.get("agentrl_verl.plugin")
 print(json.dumps({
     "registered": bool(plugin and plugin._registered),
@@ -27,6 +28,7 @@ print(json.dumps({
     "trainer_modes": sorted(m for m in TRAINER_REGISTRY if m.startswith("agentrl")),
     "rollout": "hf" in RolloutReplicaRegistry._registry and ("hf", "async") in base._ROLLOUT_REGISTRY,
     "checkpoint_engines": sorted(CheckpointEngineRegistry._registry),
+    "logprobs": torch_functional.logprobs_from_logits_v2.__module__,
 }))
 """
 
@@ -37,6 +39,7 @@ EXPECTED = {
     "platform": True,
     "trainer_modes": ["agentrl_async", "agentrl_sync"],
     "rollout": True,
+    "logprobs": "agentrl_verl.backends.chunked_logprobs",
 }
 
 

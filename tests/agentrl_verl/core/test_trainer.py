@@ -3,6 +3,7 @@ per-task metrics."""
 
 from __future__ import annotations
 
+import threading
 import types
 
 import numpy as np
@@ -23,6 +24,7 @@ from agentrl_verl.core.trainer import (
     batch_tasks,
     compute_task_norm_grpo_advantage,
     episode_metrics,
+    wait_for_start_model,
 )
 
 
@@ -119,6 +121,34 @@ def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monk
     trainer._compute_metrics(None, step_1, {}, 1, 0)
     trainer._compute_metrics(None, step_2, {}, 2, 0)
     assert step_1["agentrl/agent_loop_ready_s"] == 2.5 and "agentrl/agent_loop_ready_s" not in step_2
+
+def test_start_model_wait_ends_when_the_directory_appears_and_times_out_naming_the_key(tmp_path):
+    model = tmp_path / "warmup_model"
+    assert wait_for_start_model(str(model), 0.0) < 1  # no wait configured: verl reports a missing model itself
+    written = threading.Timer(0.3, lambda: (model.mkdir(), (model / "config.json").write_text("{}")))
+    written.start()
+    assert 0.25 <= wait_for_start_model(str(model), 30.0, poll_s=0.05) < 5
+    with pytest.raises(TimeoutError, match=r"agentrl.start_model_wait_s=0.2 s"):
+        wait_for_start_model(str(tmp_path / "never"), 0.2, poll_s=0.05)
+
+
+def test_setup_waits_for_the_start_model_before_verl_reads_it(monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from agentrl_verl.core import trainer as trainer_module
+    from agentrl_verl.core.config import AgentRLConfig
+
+    events = []
+    monkeypatch.setattr(trainer_module, "wait_for_start_model",
+                        lambda path, timeout_s: events.append(("wait", path, timeout_s)) or 0.0)
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_setup", lambda self: events.append(("verl setup",)))
+    trainer = AgentRLSyncTrainer.__new__(AgentRLSyncTrainer)
+    trainer.agentrl = AgentRLConfig(start_model_wait_s=60.0, cross_policy={"enable": False})
+    trainer.config = OmegaConf.create({"actor_rollout_ref": {"model": {"path": "/models/warm"}},
+                                       "agentrl": {"cross_policy": {"enable": False}}})
+    trainer._setup()
+    assert events == [("wait", "/models/warm", 60.0), ("verl setup",)]
+
 
 def test_episode_metrics():
     extras = [

@@ -21,11 +21,13 @@ from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.harness.cold_start import WarmupResult
 from agentrl_verl.harness.demo import (
     DemoProgress,
+    RLRun,
     RLSpec,
     RLStopped,
     format_progress,
     headline,
     load_demo_config,
+    rl_command,
     rl_environment,
     run_rl,
     stack_config,
@@ -221,6 +223,40 @@ def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path
     history = run_rl(cmd, tmp_path, ["calc"], steps=4, stall_s=2)
     assert [row["step"] for row in history] == [1, 2, 3, 4]
     assert _leftovers(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+
+
+def test_an_rl_run_in_its_thread_is_stopped_with_its_processes_and_raises_in_the_demos_thread(tmp_path):
+    cmd = _fake_run(tmp_path, "step(1)\ntime.sleep(600)\n")
+    run = RLRun(cmd, tmp_path, ["calc"], RLSpec(steps=3, stall_s=600))
+    run.start()
+    deadline = time.monotonic() + 60  # a hang guard: the first step comes at once
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run.stop()  # the demo's own error: the run goes, children included, within seconds
+    assert _leftovers(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+    with pytest.raises(RLStopped, match=r"stopped after step 1/3"):
+        run.wait()
+    finished = RLRun(_fake_run(tmp_path, "step(1)\n"), tmp_path, ["calc"], RLSpec(steps=1, stall_s=60))
+    finished.start()
+    finished.wait()  # a run that ends well raises nothing
+    RLRun(cmd, tmp_path, ["calc"], RLSpec()).stop()  # never started: nothing to stop
+
+
+@pytest.mark.parametrize(("setting", "gpu", "early"), [("auto", False, False), ("auto", True, True),
+                                                      ("true", False, True), ("True", True, True),
+                                                      ("false", True, False)])
+def test_verl_starts_before_the_warm_up_where_it_trains_on_a_gpu_unless_told(monkeypatch, setting, gpu, early):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: gpu)
+    assert RLSpec(start_with_warmup=setting).starts_with_warmup("auto") is early
+    assert load_demo_config(None, [f"rl.start_with_warmup={setting}"]).rl.start_with_warmup.lower() == setting.lower()
+    with pytest.raises(ValueError, match="rl.start_with_warmup='soon'"):
+        load_demo_config(None, ["rl.start_with_warmup=soon"])
+
+
+def test_a_run_started_before_its_warm_up_waits_for_the_model(tmp_path):
+    args = ("MODEL", tmp_path / "t.parquet", tmp_path / "v.parquet", "URL", tmp_path, tmp_path, RLSpec())
+    assert not any("start_model_wait_s" in arg for arg in rl_command(*args))
+    assert "++agentrl.start_model_wait_s=900" in rl_command(*args, start_model_wait_s=900.0)
 
 
 def test_the_rl_run_gets_the_platform_of_its_device(tmp_path):
@@ -439,11 +475,14 @@ at 40 RL steps one run took 999-1371 s of the suite's time, and 20 steps is not 
 def test_demo_runs_end_to_end_and_reports(tmp_path):
     """The embedded default settings (every task, Docker's too where a daemon answers; the asynchronous trainer with
     cross-policy sampling), shrunk to plumbing size: a short warm-up, 16 held-out calc indices, greedy only, 3 RL
-    steps."""
+    steps. verl's run starts before the warm-up, as on a GPU, its trainer waiting for the warmed-up model (the other
+    end-to-end demos start it after, as on a CPU)."""
     out = tmp_path / "demo"
     log = _run_demo(out, "--set", "warmup.max_steps=10", "--set", "warmup.eval_every=10", "--set",
                     "eval.warmup_indices=16", "--set", "eval.sampled=false", "--set", "demonstrations=64", "--set",
-                    "tasks.0.held_out=16", "--set", f"rl.steps={PLUMBING_RL_STEPS}")
+                    "tasks.0.held_out=16", "--set", f"rl.steps={PLUMBING_RL_STEPS}", "--set",
+                    "rl.start_with_warmup=true")
+    assert log.index(": RL: ") < log.index("warm-up: 10 steps") < log.index("RL step 1/")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["stopped_because"] is None
     assert summary["warmup"]["steps"] == 10 and summary["warmup"]["demonstrations"] == 64
@@ -516,16 +555,17 @@ def test_ctrl_c_during_rl_stops_everything(tmp_path):
            "eval.sampled=false", "--set", "demonstrations=64", "--set", "tasks.0.held_out=16", "--set",
            "eval.warmup_indices=16"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = None
+    url, launched = None, False
     try:
         for line in proc.stderr:  # however long a loaded machine takes to get there
             match = re.search(r"environment stack at (http://[\d.]+:\d+)", line)
             url = match.group(1) if match else url
-            if ": RL: " in line:  # the run is launched
+            launched = launched or ": RL: " in line
+            if "held-out greedy success" in line:  # and the evaluation before RL, beside its start-up, is done
                 break
         while proc.poll() is None and not _task_runner_up(proc):
             time.sleep(0.5)
-        assert url is not None and proc.poll() is None, "the demo did not reach RL"
+        assert url is not None and launched and proc.poll() is None, "the demo did not reach RL"
     finally:
         # Also when the test fails or times out: a demo killed outright could not stop its RL run and stack.
         if proc.poll() is None:
@@ -565,3 +605,22 @@ def test_rl_settings_are_validated_before_the_warm_up():
     config.rl.overrides = ["+agentrl.cross_polcy.enable=true"]
     with pytest.raises(ConfigError, match="cross_policy"):
         check_rl_settings(config.rl)
+
+
+@pytest.mark.parametrize(("device", "relaunched"), [("cpu", True), ("cuda", False)])
+def test_the_demo_takes_the_shared_cpu_thread_settings_only_where_its_rl_runs_on_the_cpu(monkeypatch, tmp_path,
+                                                                                        device, relaunched):
+    import argparse
+    import signal as signals
+
+    from agentrl_verl.harness import demo
+
+    calls = []
+    monkeypatch.setattr(demo, "relaunch_with_demo_threads", lambda: calls.append("relaunch"))
+    monkeypatch.setattr(RLSpec, "resolved_device", lambda self: device)
+    monkeypatch.setattr(demo, "check_rl_settings", lambda spec: None)
+    monkeypatch.setattr(demo, "run_demo", lambda out, config: {"tasks": {}, "timings_s": {"total_s": 1.0}})
+    monkeypatch.setattr(signals, "signal", lambda *args: None)  # the test process keeps its handlers
+    args = argparse.Namespace(config=None, overrides=[], rl_overrides=[], engine=None, output_dir=str(tmp_path))
+    assert demo.run(args) == 0
+    assert calls == (["relaunch"] if relaunched else [])
