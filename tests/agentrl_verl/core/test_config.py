@@ -69,7 +69,8 @@ def test_task_adv_norm_spellings(value, expected):
     ({"async": {"max_stalenes": 1}}, "did you mean agentrl.async.max_staleness?"),
     ({"cross_policy": {"endpoints": [{"nme": "a", "base_url": "u", "model": "m"}]}},
      "unknown key agentrl.cross_policy.endpoints[0].nme: did you mean agentrl.cross_policy.endpoints[0].name?"),
-    ({"zzz": 1}, "unknown key agentrl.zzz: valid keys: agent, async, cross_policy, env, start_model_wait_s, task_adv_norm"),
+    ({"zzz": 1},
+     "unknown key agentrl.zzz: valid keys: agent, async, cross_policy, env, start_model_wait_s, task_adv_norm"),
     # Wrong types (no silent coercion of strings or booleans into numbers).
     ({"agent": {"max_turns": "3"}}, "agentrl.agent.max_turns='3': Input should be a valid integer"),
     ({"agent": {"penalty": True}}, "agentrl.agent.penalty=True: Input should be a valid number"),
