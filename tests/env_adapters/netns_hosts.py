@@ -114,6 +114,10 @@ class NetnsRayCluster:
     def __enter__(self) -> NetnsRayCluster:
         try:
             self._make_network()
+            # `ray start --head` in token mode needs the token to exist already (the suite's other Ray clusters make
+            # one at their start, so whether it existed depended on the tests' order).
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "get-auth-token", "--generate"],
+                           env={**os.environ, **RAY_ENV}, stdout=subprocess.DEVNULL, check=True, timeout=120)
             self._start_nodes(range(1))
             self._start_nodes(range(1, len(self.ips)))
         except BaseException:

@@ -561,7 +561,7 @@ def test_ctrl_c_during_rl_stops_everything(tmp_path):
             match = re.search(r"environment stack at (http://[\d.]+:\d+)", line)
             url = match.group(1) if match else url
             launched = launched or ": RL: " in line
-            if "held-out greedy success" in line:  # and the evaluation before RL, beside its start-up, is done
+            if "held-out greedy success:" in line:  # the evaluation before RL (beside verl's start-up) is done
                 break
         while proc.poll() is None and not _task_runner_up(proc):
             time.sleep(0.5)
