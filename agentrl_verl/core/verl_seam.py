@@ -58,7 +58,7 @@ PRIVATE: tuple[Private, ...] = (
     Private(f"{_TRAINER}._compute_advantage", "override", _SYNC, ("self", "batch", "metrics")),
     Private(f"{_TRAINER}._compute_metrics", "override", f"{_SYNC}, {_ASYNC}, {_POOL}",
             ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")),
-    Private(f"{_TRAINER}._setup", "override", _POOL, ("self",)),
+    Private(f"{_TRAINER}._setup", "override", f"{_SYNC}, {_POOL}", ("self",)),
     Private(f"{_TRAINER}._build_replay_buffer", "override", _ASYNC, ("self",)),
     Private(f"{_TRAINER}._save_checkpoint", "override", _ASYNC, ("self",)),
     Private(f"{_TRAINER}._next_train_batch", "call", _ASYNC, ("self", "num_prompts")),
