@@ -5,8 +5,8 @@
     python -m bench.stack_profile stacks.txt --within update_actor --top 25
 
 A frame's share is the fraction of the process's samples (or, with ``--within``, of the samples whose stack holds
-that function) with the frame anywhere on the stack: nested frames add up to more than 100%. py-spy counts a
-sample of a waiting thread as well (``--idle`` adds the idle ones), so a share is of wall time, not of CPU.
+that function) with the frame anywhere on the stack: nested frames add up to more than 100%. py-spy leaves out the
+samples of idle threads (unless recorded with ``--idle``), so a share is of the time the process was at work.
 ``bench/device_demo_gpu.sh`` records the demo this way with ``PYSPY=1``; results and how to read them: ``docs/gpu.md``.
 """
 

@@ -770,9 +770,9 @@ def _run_phases(progress: DemoProgress) -> None:
         # trains on a GPU, verl's run starts first (rl.start_with_warmup) and its start-up - processes importing verl
         # one after another - overlaps the warm-up, its trainer waiting for the model (agentrl.start_model_wait_s).
         # Everywhere, the evaluation before RL plays beside that start-up.
-        settings = warmup_settings(model_dir, config, tasks)
+        settings, cache_root = warmup_settings(model_dir, config, tasks), default_cache_dir() / "demo"
         if config.warmup.reuse:
-            warm_path = cache_path(default_cache_dir() / "demo", "warmup", settings)
+            warm_path = cache_path(cache_root, "warmup", settings)
         else:
             warm_path = out / "warmup_model"
             shutil.rmtree(warm_path, ignore_errors=True)  # an earlier run's, in the same output directory
@@ -788,7 +788,7 @@ def _run_phases(progress: DemoProgress) -> None:
             if early:
                 rl.start()
             if config.warmup.reuse:
-                cached = cached_warmup(default_cache_dir() / "demo", "warmup", settings, warm_up)
+                cached = cached_warmup(cache_root, "warmup", settings, warm_up)
                 done = cached.metadata
                 progress.warmup_cache = {"dir": str(cached.path), "reused": cached.reused}
                 if cached.reused:
