@@ -10,9 +10,9 @@
   checkpoint-engine manager, synced with the actor only every ``stale_refresh_steps`` steps; or, with
   ``fixed_model_path``, replicas serving that model as loaded from disk, never synced.
 - :class:`CrossPolicyTrainerMixin` puts both into a verl V1 trainer (``class T(CrossPolicyTrainerMixin,
-  PPOTrainerSync)``): it builds the second member after verl's own replicas, hands the pool client to the agent
-  loops, refreshes the stale weights on schedule and logs the ``cross_policy/*`` metrics. With ``enable=false`` (the
-  default) every hook passes straight through.
+  PPOTrainerSync)``): it starts the second member's replicas beside verl's own setup (:class:`BesideSetup`), hands
+  the pool client to the agent loops, refreshes the stale weights on schedule and logs the ``cross_policy/*`` metrics.
+  With ``enable=false`` (the default) every hook passes straight through.
 
 Evaluation pools of named external endpoints are built by :mod:`agentrl_verl.tools.evaluate`.
 """
@@ -22,11 +22,13 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cachetools import LRUCache
 from omegaconf import DictConfig, open_dict
+from verl.trainer.ppo.utils import Role
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 from verl.workers.rollout.replica import TokenOutput, get_rollout_replica_class
 
@@ -100,6 +102,9 @@ class PolicyPoolClient(LLMServerClient):
 
 RANK_NAMED_BACKENDS = ("vllm", "sglang")
 
+ACTOR_ROLES = (Role.Actor, Role.ActorRolloutRef, Role.ActorRollout)
+"""The roles verl's actor worker group may take, in the order verl's setup looks for them."""
+
 
 class _NamedReplicaManager(LLMServerManager):
     """``LLMServerManager`` whose replicas carry a ``name_suffix`` (their servers and pools are named apart)."""
@@ -142,38 +147,40 @@ class StalePool:
 
     Args:
         config: verl's whole config.
-        actor_wg: The actor worker group (the source of the weights).
         num_replicas: Replicas in the pool (each takes one replica's worth of devices).
         start_rank: First replica rank (after the replicas verl already runs, to keep actor names unique).
         model_path: A model the replicas load at start and keep (member ``fixed``, no weight sync); empty for the
-            stale copy (member ``stale``).
+            stale copy (member ``stale``), whose weights come from the actor once :meth:`connect` is called.
 
     The stale copy's checkpoint engine must reach standalone replicas (not ``naive``;
     :func:`~agentrl_verl.core.config.check_run` rejects that combination before the run starts).
     """
 
-    def __init__(
-        self, config: DictConfig, actor_wg: Any, num_replicas: int, start_rank: int, model_path: str = ""
-    ) -> None:
-        from verl.checkpoint_engine import CheckpointEngineManager
-        from verl.utils.config import omega_conf_to_dataclass
-
+    def __init__(self, config: DictConfig, num_replicas: int, start_rank: int, model_path: str = "") -> None:
         self.name = FIXED if model_path else STALE
+        self.start_rank = start_rank
         self.manager = _NamedReplicaManager.create(
             config=stale_pool_config(config, num_replicas, model_path), start_rank=start_rank, name_suffix=self.name
         )
+        self._engine_config = config.actor_rollout_ref.rollout.checkpoint_engine
         self.checkpoint_manager = None
-        if not model_path:
-            engine_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
-            self.checkpoint_manager = CheckpointEngineManager(
-                config=engine_config, actor_wg=actor_wg, replicas=self.manager.get_replicas()
-            )
         self.version: int | None = None
 
     @property
     def fixed(self) -> bool:
         """Whether the member is a fixed model (never refreshed, no weight version)."""
-        return self.checkpoint_manager is None
+        return self.name == FIXED
+
+    def connect(self, actor_wg: Any) -> None:
+        """Give the stale copy its weight source, the actor worker group (a fixed model has none)."""
+        from verl.checkpoint_engine import CheckpointEngineManager
+        from verl.utils.config import omega_conf_to_dataclass
+
+        if not self.fixed:
+            self.checkpoint_manager = CheckpointEngineManager(
+                config=omega_conf_to_dataclass(self._engine_config), actor_wg=actor_wg,
+                replicas=self.manager.get_replicas()
+            )
 
     def refresh(self, global_steps: int) -> dict:
         """Copy the actor's current weights (version ``global_steps``) into every stale replica."""
@@ -187,6 +194,60 @@ class StalePool:
         return self.manager.get_client(client_cls=client_cls)
 
 
+class BesideSetup:
+    """Runs ``launch`` in a thread once ``ready()`` holds, or once :meth:`release` is called, whichever comes first.
+
+    verl's setup starts its processes one after another (each imports verl, seconds to tens of seconds); the stale
+    pool's need nothing of verl's but the placement of its devices, so they start beside it.
+
+    Args:
+        ready: Polled every ``poll_s`` seconds until true.
+        launch: What to run; its result (or error) is :meth:`result`'s.
+        poll_s: Polling interval.
+    """
+
+    def __init__(self, ready: Callable[[], bool], launch: Callable[[], Any], poll_s: float = 0.05) -> None:
+        self._ready = ready
+        self._launch = launch
+        self._poll_s = poll_s
+        self._released = threading.Event()
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        # A daemon: a launch that outlives a failed setup must not hold the process at exit (Ray's shutdown ends it).
+        self._thread = threading.Thread(target=self._run, name="agentrl-beside-setup", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._ready() and not self._released.wait(self._poll_s):
+                pass
+            if not self._cancelled.is_set():
+                self._result = self._launch()
+        except BaseException as e:  # handed to result()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def release(self) -> None:
+        """Launch now if not yet launched (the setup it waited beside has ended)."""
+        self._released.set()
+
+    def cancel(self) -> None:
+        """Do not launch if not yet launched (the setup failed); a launch under way runs on, unawaited."""
+        self._cancelled.set()
+        self._released.set()
+
+    def result(self) -> Any:
+        """Release, wait for the launch and return its result or raise its error."""
+        self.release()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class CrossPolicyTrainerMixin:
     """Cross-policy sampling for a verl V1 ``PPOTrainer`` subclass; list it before the trainer class."""
 
@@ -194,15 +255,46 @@ class CrossPolicyTrainerMixin:
     stale_pool: StalePool | None = None
 
     def _setup(self) -> None:
-        super()._setup()
         self.cross_policy = agentrl_config(self.config).cross_policy
         if not self.cross_policy.enable:
+            super()._setup()
             return
-        self.stale_pool = StalePool(
+        # The stale pool's processes start beside verl's setup, as soon as verl has placed the actor's devices (its
+        # placement first: on one card with a logical second device, the actor must get device 0).
+        launch = BesideSetup(self._actor_placed, self._launch_stale_pool)
+        try:
+            super()._setup()
+        except BaseException:
+            launch.cancel()
+            raise
+        self.stale_pool = launch.result()
+        replicas = len(self.llm_server_manager.get_replicas())
+        if self.stale_pool.start_rank != replicas:
+            raise RuntimeError(f"the stale pool's replicas start at rank {self.stale_pool.start_rank}, but verl runs "
+                               f"{replicas} replicas of its own: their actor names would collide")
+        self.stale_pool.connect(self.actor_rollout_wg)
+
+    def _actor_pool(self) -> Any:
+        """The resource pool of the actor's worker group, once verl has defined it (else None)."""
+        manager = getattr(self, "resource_pool_manager", None)
+        if manager is None:
+            return None
+        role = next((r for r in ACTOR_ROLES if r in self.mapping), None)
+        return manager.resource_pool_dict.get(self.mapping[role]) if role is not None else None
+
+    def _actor_placed(self) -> bool:
+        pool = self._actor_pool()
+        return pool is not None and pool.pgs is not None
+
+    def _launch_stale_pool(self) -> StalePool:
+        rollout = self.config.actor_rollout_ref.rollout
+        replica_size = rollout.tensor_model_parallel_size * rollout.data_parallel_size
+        replica_size *= rollout.pipeline_model_parallel_size
+        pool = self._actor_pool()
+        return StalePool(
             self.config,
-            self.actor_rollout_wg,
             num_replicas=self.cross_policy.stale_replicas,
-            start_rank=len(self.llm_server_manager.get_replicas()),
+            start_rank=pool.world_size // replica_size if pool is not None else 0,  # after verl's hybrid replicas
             model_path=self.cross_policy.fixed_model_path,
         )
 

@@ -34,12 +34,14 @@ class Private:
             owner's ``__init__``), ``register`` (we add entries) or ``wrap`` (replaced at run time).
         where: Our module that relies on it.
         params: Parameter names a callable must take, in order (None: not a callable, or not checked).
+        set_in: For ``read``: the owner's method that sets the instance attribute.
     """
 
     path: str
     use: str
     where: str
     params: tuple[str, ...] | None = None
+    set_in: str = "__init__"
 
 
 _TRAINER = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
@@ -75,6 +77,10 @@ PRIVATE: tuple[Private, ...] = (
     Private("verl.workers.rollout.replica:RolloutReplica.__init__", "call", _POOL,
             ("self", "replica_rank", "config", "model_config", "gpus_per_node", "is_reward_model",
              "is_teacher_model", "name_suffix")),
+    # Its launch beside verl's setup, once the actor's resource pool is placed.
+    *(Private(f"{_TRAINER}.{name}", "read", _POOL, set_in="_init_resource_pool_mgr")
+      for name in ("resource_pool_manager", "mapping")),
+    Private("verl.single_controller.ray.base:RayResourcePool.pgs", "read", _POOL),
     # The admission gate of verl's vLLM server, which the pause the plugin adds to it closes.
     *(Private(f"{_VLLM_SERVER}.{name}", "read", _VLLM) for name in (
         "_submission_paused", "_rejecting", "_resume_event", "_admitting")),
@@ -123,11 +129,11 @@ def resolve(path: str) -> Any:
     return obj
 
 
-def _instance_attribute_set(path: str) -> None:
+def _instance_attribute_set(path: str, set_in: str) -> None:
     owner_path, _, name = path.rpartition(".")
-    source = inspect.getsource(resolve(owner_path).__init__)
+    source = inspect.getsource(getattr(resolve(owner_path), set_in))
     if f"self.{name} =" not in source and f"self.{name}:" not in source:
-        raise VerlChanged(f"{path}: {owner_path}.__init__ no longer sets self.{name}")
+        raise VerlChanged(f"{path}: {owner_path}.{set_in} no longer sets self.{name}")
 
 
 def check(entry: Private) -> None:
@@ -140,7 +146,7 @@ def check(entry: Private) -> None:
         if entry.use == "read" and "." in entry.path.partition(":")[2]:
             owner = resolve(entry.path.rpartition(".")[0])
             if not hasattr(owner, entry.path.rpartition(".")[2]):
-                _instance_attribute_set(entry.path)
+                _instance_attribute_set(entry.path, entry.set_in)
             return
         obj = resolve(entry.path)
         if entry.params is not None:

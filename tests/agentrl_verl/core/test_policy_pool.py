@@ -1,13 +1,19 @@
-"""The pool-aware server client: per-turn routing over member clients and behaviour log-prob bookkeeping."""
+"""The pool-aware server client (per-turn routing over member clients, behaviour log-prob bookkeeping) and the stale
+pool's launch beside verl's setup."""
 
 import asyncio
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import Role
 from verl.workers.rollout.replica import TokenOutput
 
+from agentrl_verl.core import policy_pool
 from agentrl_verl.core.cross_policy import CURRENT, FIXED, STALE, PolicyRouter, TurnLog
-from agentrl_verl.core.policy_pool import PolicyPoolClient, stale_pool_config
+from agentrl_verl.core.policy_pool import BesideSetup, CrossPolicyTrainerMixin, PolicyPoolClient, stale_pool_config
 
 
 class FakeServer:
@@ -210,3 +216,106 @@ async def test_agent_loop_records_policy_version_and_behaviour_logprobs_per_turn
             assert (owner is not None) == bool(mask)
             assert lp == {CURRENT: -0.25, STALE: -3.0, None: 0.0}[owner]
     assert mixed >= 2  # P(a 6-turn episode is unmixed) = 1/32
+
+
+# ---- the stale pool launched beside verl's setup ----------------------------------------------------------------
+
+
+def test_beside_setup_launches_once_ready_and_hands_back_the_result():
+    ready, seen = threading.Event(), []
+    launch = BesideSetup(ready.is_set, lambda: seen.append(ready.is_set()) or "pool", poll_s=0.001)
+    assert not launch._done.wait(0.05) and seen == []  # not ready: nothing launched
+    ready.set()
+    assert launch.result() == "pool" and seen == [True]
+
+
+def test_beside_setup_launches_on_release_without_ready_and_reraises_errors():
+    def fail():
+        raise OSError("no devices")
+
+    launch = BesideSetup(lambda: False, fail, poll_s=0.001)
+    with pytest.raises(OSError, match="no devices"):
+        launch.result()  # result() releases: the launch runs though ready() never held
+
+
+def test_beside_setup_cancelled_before_ready_never_launches():
+    seen = []
+    launch = BesideSetup(lambda: False, lambda: seen.append("launched"), poll_s=0.001)
+    launch.cancel()
+    assert launch.result() is None and seen == []
+
+
+class _FakeStalePool:
+    def __init__(self, config, num_replicas: int, start_rank: int, model_path: str = "") -> None:
+        self.start_rank, self.num_replicas, self.connected = start_rank, num_replicas, None
+
+    def connect(self, actor_wg) -> None:
+        self.connected = actor_wg
+
+
+class _FakeVerlTrainer:
+    """verl's setup as the mixin sees it: the actor's pool is placed, then setup goes on (until the stale pool has
+    started, proving the two overlap), then verl's own replicas exist."""
+
+    replicas, fail = 1, False
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.config = OmegaConf.create({
+            "agentrl": {"cross_policy": {"enable": True, "stale_replicas": 2}},
+            "actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 1, "data_parallel_size": 1,
+                                              "pipeline_model_parallel_size": 1}},
+        })
+
+    def _setup(self) -> None:
+        self.mapping = {Role.ActorRollout: "global_pool"}
+        pool = SimpleNamespace(pgs=None, world_size=1)
+        self.resource_pool_manager = SimpleNamespace(resource_pool_dict={"global_pool": pool})
+        if self.fail:
+            raise RuntimeError("verl's setup failed")
+        pool.pgs = ["placement group"]
+        deadline = time.monotonic() + 30
+        while "stale launched" not in self.events and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.events.append("verl setup done")
+        self.llm_server_manager = SimpleNamespace(get_replicas=lambda: [object()] * self.replicas)
+        self.actor_rollout_wg = "actor worker group"
+
+
+class _Trainer(CrossPolicyTrainerMixin, _FakeVerlTrainer):
+    pass
+
+
+@pytest.fixture
+def fake_stale_pool(monkeypatch):
+    events: list[str] = []
+
+    def launched(*args, **kwargs):
+        events.append("stale launched")
+        return _FakeStalePool(*args, **kwargs)
+
+    monkeypatch.setattr(policy_pool, "StalePool", launched)
+    return events
+
+
+def test_stale_pool_starts_beside_verls_setup_after_the_actor_is_placed(fake_stale_pool):
+    trainer = _Trainer(fake_stale_pool)
+    trainer._setup()
+    assert fake_stale_pool == ["stale launched", "verl setup done"]
+    pool = trainer.stale_pool
+    assert (pool.start_rank, pool.num_replicas, pool.connected) == (1, 2, "actor worker group")
+
+
+def test_stale_pool_rank_must_follow_verls_replicas(fake_stale_pool):
+    trainer = _Trainer(fake_stale_pool)
+    trainer.replicas = 2
+    with pytest.raises(RuntimeError, match="start at rank 1, but verl runs 2 replicas"):
+        trainer._setup()
+
+
+def test_stale_pool_is_not_launched_when_verls_setup_fails(fake_stale_pool):
+    trainer = _Trainer(fake_stale_pool)
+    trainer.fail = True
+    with pytest.raises(RuntimeError, match="verl's setup failed"):
+        trainer._setup()
+    assert fake_stale_pool == [] and trainer.stale_pool is None

@@ -31,6 +31,8 @@ def test_private_member_is_still_there(entry):
              ("self", "data")), "agentrl_verl expects ('self', 'data')"),
     (Private("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer.gone_state", "read", "core.async_trainer"),
      "no longer sets self.gone_state"),
+    (Private("verl.trainer.ppo.v1.trainer_base:PPOTrainer.gone_pools", "read", "core.policy_pool",
+             set_in="_init_resource_pool_mgr"), "_init_resource_pool_mgr no longer sets self.gone_pools"),
     (Private("verl.no_such_module:X", "call", "core.trainer"), "cannot be imported"),
 ])
 def test_a_changed_member_is_named_with_the_module_to_update(entry, message):
