@@ -16,9 +16,14 @@ elif [ -n "${WHEELS:-}" ]; then
   python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in sys.argv[1:]]" "$WHEELS"/*.whl \
     || { echo "wheels failed"; exit 1; }
 fi
-# install.sh installs with --no-compile: without this every process of a run would compile what it imports (a
-# pip install compiles at install time, so this is how a user's machine starts).
-python3 -m compileall -q -j 0 /tmp/site agentrl_verl env_adapters bench >/dev/null 2>&1
+# install.sh installs with --no-compile, and the image's own packages (torch, transformers, ...) may lack bytecode
+# too (an image built with --no-compile or PYTHONDONTWRITEBYTECODE): without this every process of a run would
+# compile what it imports (a pip install compiles at install time, so this is how a user's machine starts). Where
+# bytecode is there already, compileall only compares timestamps.
+IMAGE_SITE=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+started=$SECONDS
+python3 -m compileall -q -j 0 /tmp/site "$IMAGE_SITE" agentrl_verl env_adapters bench >/dev/null 2>&1
+echo "bytecode of /tmp/site and $IMAGE_SITE: $((SECONDS - started)) s (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
        VERL_USE_EXTERNAL_MODULES=agentrl_verl.plugin AGENTRL_CACHE_DIR=${AGENTRL_CACHE_DIR:-$PWD/.cache/agentrl}
 [ "${DEVICE_GPU:-0}" = 1 ] || export AGENTRL_PLATFORM=cpu VERL_PLATFORM=cpu

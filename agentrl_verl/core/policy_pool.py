@@ -291,6 +291,8 @@ class CrossPolicyTrainerMixin:
         replica_size = rollout.tensor_model_parallel_size * rollout.data_parallel_size
         replica_size *= rollout.pipeline_model_parallel_size
         pool = self._actor_pool()
+        logger.info("cross-policy: starting the %s pool's replicas beside verl's setup",
+                    FIXED if self.cross_policy.fixed_model_path else STALE)
         return StalePool(
             self.config,
             num_replicas=self.cross_policy.stale_replicas,

@@ -2,9 +2,9 @@
 
 What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset ``presets/demo/tiny.yaml``):
 
-1. Builds (once, cached) the tiny offline model and tokenizer.
-2. Starts its own environment stack: a controller and workers of ``calc`` (learnable function calling), ``db``
+1. Starts its own environment stack: a controller and workers of ``calc`` (learnable function calling), ``db``
    (DBBench on embedded SQLite) and ``os`` (OS interaction in Docker containers, when a daemon answers).
+2. Builds (once, cached) the tiny offline model and tokenizer.
 3. Cold start: generates demonstrations of each learnable task (``calc`` by default) with its scripted expert
    through the real task code and trains on them until greedy held-out success enters a window that leaves RL
    room (:mod:`.cold_start`). With ``warmup.reuse`` a model warmed up by an earlier run with the same settings is
@@ -14,8 +14,8 @@ What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset `
 5. RL: ``python -m verl.trainer.main_ppo`` with our agent loop, task-normalised GRPO, the asynchronous trainer and
    cross-policy sampling, showing each step's reward and success per task as it goes. A run that stalls (no
    step and no output for ``rl.stall_s``) is stopped; there is no limit on its length. It is launched before
-   step 4, whose evaluation plays beside verl's start-up; where the warm-up trains on a GPU, before step 3 too
-   (``rl.start_with_warmup``), its trainer waiting for the warmed-up model (``agentrl.start_model_wait_s``).
+   step 4, whose evaluation plays beside verl's start-up; where the warm-up trains on a GPU, before steps 2 and 3
+   too (``rl.start_with_warmup``), its trainer waiting for the warmed-up model (``agentrl.start_model_wait_s``).
 6. Loads the actor verl saved (its HF export) and evaluates again on the same held-out indices.
 7. Writes ``summary.json``, ``summary.md`` (a table), ``learning_curve.png`` and ``trajectories.jsonl`` to
    ``--output-dir``.
@@ -57,7 +57,7 @@ from agentrl_verl.harness.cold_start import (
     supervised_warmup,
 )
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir
+from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, default_cache_dir, tiny_model_path
 from agentrl_verl.harness.warmup_cache import build_whole, cache_path, cached_warmup
 from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
@@ -71,6 +71,8 @@ DEMO_LAYER = "+demo=tiny"
 ENGINES = {"hf": {"cpu": "cpu_tiny", "cuda": "gpu_tiny"}, "vllm": {"cpu": vllm_cpu.PRESET}}
 """Rollout engine -> device -> main_ppo's primary config (presets/). verl's vLLM rollout runs here on the CPU only
 (``cpu_vllm``); on a GPU the demo serves with ``hf``."""
+DEVICE_LAYERS = {"cuda": "+demo/device=gpu"}
+"""Device -> the demo's layer for it, over :data:`DEMO_LAYER` (``presets/demo/device/``)."""
 CPU_PLATFORM_ENV = {"AGENTRL_PLATFORM": "cpu", "VERL_PLATFORM": "cpu"}
 """What makes verl take the CPU platform on a host that has a GPU (agentrl_verl.backends.platform_cpu)."""
 
@@ -173,6 +175,11 @@ class RLSpec:
         ``cpu_vllm``)."""
         device = self.resolved_device()
         return ENGINES[self.engine][device]
+
+    def layers(self) -> list[str]:
+        """The demo's layers on :meth:`preset`: :data:`DEMO_LAYER`, then the device's (:data:`DEVICE_LAYERS`)."""
+        device = self.resolved_device()
+        return [DEMO_LAYER, *([DEVICE_LAYERS[device]] if device in DEVICE_LAYERS else [])]
 
     def platform_env(self) -> dict[str, str]:
         """Environment of the verl run: on the CPU, verl's CPU platform also where a GPU is present."""
@@ -301,7 +308,8 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
 
     python = vllm_cpu.vllm_python() if spec.engine == "vllm" else sys.executable
     return [
-        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", spec.preset(), DEMO_LAYER,
+        python, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", spec.preset(),
+        *spec.layers(),
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={train}", f"data.val_files={val}",
         f"agentrl.env.url={env_url}",
@@ -719,9 +727,7 @@ def _run_phases(progress: DemoProgress) -> None:
 
     eval_device = device_setting(config.warmup.device, "warmup.device")
     t = time.monotonic()
-    model_dir = build_tiny_model(spec=config.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    t = progress.lap("build_model_s", t)
+    model_dir = tiny_model_path(spec=config.model)  # built after verl's launch, which does not read it
 
     env_logs = out / "env_logs"
     env_logs.mkdir(exist_ok=True)
@@ -787,6 +793,9 @@ def _run_phases(progress: DemoProgress) -> None:
         try:
             if early:
                 rl.start()
+            build_tiny_model(spec=config.model)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            t = progress.lap("build_model_s", t)
             if config.warmup.reuse:
                 cached = cached_warmup(cache_root, "warmup", settings, warm_up)
                 done = cached.metadata
@@ -824,7 +833,7 @@ def rl_preset_values(spec: RLSpec, *extra: str):
     from agentrl_verl.harness.presets import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=spec.preset(), overrides=[DEMO_LAYER, *spec.overrides, *extra])
+        return compose(config_name=spec.preset(), overrides=[*spec.layers(), *spec.overrides, *extra])
 
 
 def check_rl_settings(spec: RLSpec) -> None:

@@ -13,12 +13,14 @@ schemas: a model with a few million parameters and short contexts learns far fas
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,8 @@ CORPUS_EPISODES: tuple[tuple[str, dict[str, Any], range], ...] = (
 )
 
 
-def corpus_families() -> list[str]:
+@functools.cache
+def corpus_families() -> tuple[str, ...]:
     """The families of :data:`CORPUS_EPISODES` installed here (``alfworld`` needs its extra: ``.[alfworld]``)."""
     import importlib.util
 
@@ -108,10 +111,10 @@ def corpus_families() -> list[str]:
                            "left out")
             continue
         families.append(family)
-    return families
+    return tuple(families)
 
 
-def _corpus(families: list[str]) -> list[str]:
+def _corpus(families: Sequence[str]) -> list[str]:
     """Local text for BPE training: the AgentBench OS and DB task descriptions and rendered expert episodes."""
     from importlib import resources
 
@@ -133,7 +136,7 @@ def _corpus(families: list[str]) -> list[str]:
     return texts
 
 
-def build_tokenizer(spec: TinyModelSpec, families: list[str] | None = None):
+def build_tokenizer(spec: TinyModelSpec, families: Sequence[str] | None = None):
     """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast`` with the chat template.
 
     Args:
@@ -191,10 +194,16 @@ def build_model(spec: TinyModelSpec, tokenizer):
     return Qwen2ForCausalLM(config)
 
 
-def _cache_key(spec: TinyModelSpec, families: list[str]) -> str:
+def _cache_key(spec: TinyModelSpec, families: Sequence[str]) -> str:
     source = Path(__file__).read_bytes()
-    blob = json.dumps([asdict(spec), families], sort_keys=True).encode() + source
+    blob = json.dumps([asdict(spec), list(families)], sort_keys=True).encode() + source
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def tiny_model_path(cache_dir: str | os.PathLike | None = None, spec: TinyModelSpec | None = None) -> Path:
+    """The directory :func:`build_tiny_model` builds (or reuses) for ``spec``, known before it exists."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / f"tiny-qwen2-{_cache_key(spec or TinyModelSpec(), corpus_families())}"
 
 
 def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModelSpec | None = None) -> Path:
@@ -212,13 +221,13 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
         The model directory (``config.json``, weights, ``tokenizer.json``, chat template).
     """
     spec = spec or TinyModelSpec()
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    families = corpus_families()
-    target = root / f"tiny-qwen2-{_cache_key(spec, families)}"
+    target = tiny_model_path(cache_dir, spec)
     if (target / "config.json").exists():
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
     logger.info("building tiny model and tokenizer in %s", target)
+    families = corpus_families()
     tokenizer = build_tokenizer(spec, families)
     model = build_model(spec, tokenizer)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))

@@ -284,6 +284,20 @@ def test_the_rl_device_picks_the_preset_and_the_platform(monkeypatch, engine, de
     spec = RLSpec(engine=engine, device=device)
     assert spec.preset() == preset
     assert spec.platform_env() == (CPU_PLATFORM_ENV if cpu_platform else {})
+    assert spec.layers() == (["+demo=tiny", "+demo/device=gpu"] if preset == "gpu_tiny" else ["+demo=tiny"])
+
+
+@pytest.mark.parametrize(("device", "micro_batch"), [("cpu", 8), ("cuda", 64)])
+def test_on_a_gpu_each_update_is_one_micro_batch(monkeypatch, device, micro_batch):
+    # One group per micro-batch on the CPU (no padding of short tasks to long ones), the whole mini-batch on a GPU.
+    from agentrl_verl.harness.demo import rl_preset_values
+
+    monkeypatch.setattr(RLSpec, "resolved_device", lambda self: device)
+    config = rl_preset_values(RLSpec())
+    actor = config.actor_rollout_ref.actor
+    assert actor.ppo_micro_batch_size_per_gpu == micro_batch
+    if device == "cuda":
+        assert actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n == micro_batch
 
 
 def test_the_cpu_platform_asked_for_keeps_an_automatic_rl_device_on_the_cpu(monkeypatch):

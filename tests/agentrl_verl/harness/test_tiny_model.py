@@ -4,7 +4,7 @@ import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, tiny_model_path
 
 TOOLS = [
     {"type": "function", "function": {"name": "calculate", "parameters": {"properties": {"expression": {}}}}},
@@ -14,6 +14,12 @@ TOOLS = [
 
 def test_cached_build_returns_same_directory(model_dir):
     assert build_tiny_model() == model_dir
+
+
+def test_the_directory_is_known_before_the_build(model_dir, tmp_path):
+    assert tiny_model_path() == model_dir
+    other = tiny_model_path(tmp_path, TinyModelSpec(seed=1))
+    assert other.parent == tmp_path and other.name != model_dir.name and not other.exists()
 
 
 def test_tokenizer_and_model_load_offline(model_dir):
