@@ -121,6 +121,11 @@ class _NamedReplicaManager(LLMServerManager):
         super().__init__(config, *args, **kwargs)
 
 
+def replica_world_size(rollout: DictConfig) -> int:
+    """Devices of one rollout replica (tensor x data x pipeline parallel), as verl counts them."""
+    return rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+
+
 def stale_pool_config(config: DictConfig, num_replicas: int, model_path: str = "") -> DictConfig:
     """verl's config with the rollout resource spec of ``num_replicas`` standalone replicas (one node).
 
@@ -128,7 +133,7 @@ def stale_pool_config(config: DictConfig, num_replicas: int, model_path: str = "
     ``dummy`` load format, meant for replicas that receive the actor's weights, becomes ``auto``.
     """
     rollout = config.actor_rollout_ref.rollout
-    world_size = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    world_size = replica_world_size(rollout)
     stale = copy.deepcopy(config)
     with open_dict(stale):
         stale.actor_rollout_ref.rollout.nnodes = 1
@@ -159,6 +164,7 @@ class StalePool:
     def __init__(self, config: DictConfig, num_replicas: int, start_rank: int, model_path: str = "") -> None:
         self.name = FIXED if model_path else STALE
         self.start_rank = start_rank
+        logger.info("cross-policy: starting the %s pool's replicas", self.name)
         self.manager = _NamedReplicaManager.create(
             config=stale_pool_config(config, num_replicas, model_path), start_rank=start_rank, name_suffix=self.name
         )
@@ -287,12 +293,8 @@ class CrossPolicyTrainerMixin:
         return pool is not None and pool.pgs is not None
 
     def _launch_stale_pool(self) -> StalePool:
-        rollout = self.config.actor_rollout_ref.rollout
-        replica_size = rollout.tensor_model_parallel_size * rollout.data_parallel_size
-        replica_size *= rollout.pipeline_model_parallel_size
         pool = self._actor_pool()
-        logger.info("cross-policy: starting the %s pool's replicas beside verl's setup",
-                    FIXED if self.cross_policy.fixed_model_path else STALE)
+        replica_size = replica_world_size(self.config.actor_rollout_ref.rollout)
         return StalePool(
             self.config,
             num_replicas=self.cross_policy.stale_replicas,
