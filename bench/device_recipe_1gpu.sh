@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The single-GPU recipe by its own entry point on a GPU machine lent by the `device` tool: `recipes/agentrl/run.sh
 # 1gpu` with a random model of Qwen2.5-0.5B's shape (the tiny tokenizer's 2048-token vocabulary), 3 steps, against
-# the recipe's environment stack started there. That machine has no Docker and no MySQL-compatible server, so the
-# stack is the recipe's YAML without `os`, `db` on SQLite, on loopback with a token (the recipe's path: run.sh reads
-# it from AGENTRL_ENV_TOKEN_FILE).
+# the recipe's environment stack started there: its YAML at smoke size on loopback with a token (the recipe's path:
+# run.sh reads it from AGENTRL_ENV_TOKEN_FILE), all five families where a Docker daemon answers and MariaDB is
+# installed; the lent machine has neither, so there `os` is left out and `db` runs on SQLite
+# (bench.gpu_recipe.smoke_stack).
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   the tiny model's tokenizer:
 #   cp -r "$(.venv/bin/python -c 'from agentrl_verl.harness.tiny_model import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
@@ -24,18 +25,11 @@ chmod +x "$WORK/bin/"*
 export PATH=$WORK/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-python3 - "$WORK" <<'PY'
-import sys, yaml
-work = sys.argv[1]
-stack = yaml.safe_load(open("recipes/agentrl/env/agentbench_fc.yaml"))
-stack["controller"] = {"host": "127.0.0.1", "port": 5020, "token_file": f"{work}/env.token"}
-stack["workers"] = [w for w in stack["workers"] if w["task"] != "os"]
-for worker in stack["workers"]:
-    worker["replicas"] = 1
-    if worker["task"] == "db":
-        worker["options"] = {"backend": "sqlite", "max_rounds": worker["options"]["max_rounds"]}
-yaml.safe_dump(stack, open(f"{work}/stack.yaml", "w"))
-PY
+TASKS=$(python3 -c "from bench.gpu_recipe import write_smoke_stack
+print(' '.join(write_smoke_stack('$WORK/stack.yaml', '$AGENTRL_ENV_TOKEN_FILE')))") || { echo "no stack"; exit 1; }
+echo "families: $TASKS"
+# os's image, built once from Debian's packages (cached by content hash), before the stack's start-up clock runs.
+[[ " $TASKS " == *" os-std "* ]] && { agentrl-env build-images os-default || { echo "os image failed"; exit 1; }; }
 agentrl-env up "$WORK/stack.yaml" --startup-timeout 300 > "$OUT/env.log" 2>&1 &
 ENV_PID=$!
 finish() {
@@ -54,7 +48,7 @@ for _ in $(seq 150); do
 done
 grep "environment stack up" "$OUT/env.log" || { echo "the stack did not come up"; tail -30 "$OUT/env.log"; exit 1; }
 agentrl-verl make-data --controller "$URL" --token-file "$AGENTRL_ENV_TOKEN_FILE" --out "$WORK/data" \
-  --val-fraction 0.1 --seed 0 --task dbbench-std --task kg-std --task webshop-std --task alfworld-std 2>&1 | tail -3
+  --val-fraction 0.1 --seed 0 $(printf -- "--task %s " $TASKS) 2>&1 | tail -3
 python3 -c "
 from pathlib import Path
 from bench.hf_weight_update import build_model_dir

@@ -1,7 +1,10 @@
 """The single-GPU recipe's smoke run, summarised: per-step times, generated tokens/s, weight updates, GPU memory.
 
-    bash bench/device_recipe_1gpu.sh      # on a lent GPU machine: recipes/agentrl/run.sh 1gpu, 3 steps
+    bash bench/device_recipe_1gpu.sh      # on a GPU machine: recipes/agentrl/run.sh 1gpu, 3 steps
     python -m bench.gpu_recipe DIR        # the table of DIR/metrics.jsonl, DIR/gpu.csv and DIR/run.log
+
+The smoke's environment stack is the recipe's own YAML at smoke size (:func:`smoke_stack`): all five families where
+a Docker daemon answers and MariaDB is installed, else without ``os`` and with ``db`` on SQLite.
 
 Results and how to read them: ``docs/results/gpu-recipe.md``.
 """
@@ -9,10 +12,18 @@ Results and how to read them: ``docs/results/gpu-recipe.md``.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+from env_adapters.sandbox.containers import docker_available
+from env_adapters.sandbox.mariadb import mariadb_available
 
 COLUMNS = {
     "timing_s/step": "step s",
@@ -22,7 +33,51 @@ COLUMNS = {
     "timing_s/update_stale_weights": "stale refresh s",
     "actor/perf/max_memory_allocated_gb": "actor peak GiB",
 }
+RECIPE_STACK = Path(__file__).resolve().parents[1] / "recipes" / "agentrl" / "env" / "agentbench_fc.yaml"
 SERVER_DEVICE = re.compile(r"hf rollout server (\S+): \S+ on (\S+) \((\S+)\)")
+
+
+def smoke_stack(recipe: dict[str, Any], token_file: str, *, docker: bool,
+                mysql: bool) -> tuple[dict[str, Any], list[str]]:
+    """The recipe's environment stack at smoke size, served on the training host.
+
+    The controller on loopback with the token in ``token_file`` (the recipe's path: ``run.sh`` hands the file to the
+    training side), one replica a family, the recipe's options otherwise.
+
+    Args:
+        recipe: The recipe's stack (``recipes/agentrl/env/agentbench_fc.yaml``); not modified.
+        token_file: Where ``agentrl-env up`` writes the controller's token.
+        docker: Whether a Docker daemon answers: without one ``os`` is left out.
+        mysql: Whether a MariaDB server can be started: without one ``db`` runs on SQLite (its own item set).
+
+    Returns:
+        The stack, and one line per family left out or changed, saying why.
+    """
+    stack = copy.deepcopy(recipe)
+    stack["controller"] = {"host": "127.0.0.1", "port": 5020, "token_file": token_file}
+    workers, notes = [], []
+    for worker in stack["workers"]:
+        if worker["task"] == "os" and not docker:
+            notes.append(f"{worker['name']}: left out, no Docker daemon answers")
+            continue
+        if worker["task"] == "db" and not mysql:
+            worker["options"] = {"backend": "sqlite", "max_rounds": worker["options"]["max_rounds"]}
+            notes.append(f"{worker['name']}: on SQLite, MariaDB is not installed (apt-get install -y mariadb-server)")
+        worker["replicas"] = 1
+        workers.append(worker)
+    stack["workers"] = workers
+    return stack, notes
+
+
+def write_smoke_stack(path: str | Path, token_file: str) -> list[str]:
+    """Writes :func:`smoke_stack` for this host to ``path`` and returns its workers' names (the data's tasks); what
+    it leaves out or changes goes to stderr."""
+    stack, notes = smoke_stack(yaml.safe_load(RECIPE_STACK.read_text()), token_file,
+                               docker=docker_available(), mysql=mariadb_available())
+    for note in notes:
+        print(f"smoke stack: {note}", file=sys.stderr)
+    Path(path).write_text(yaml.safe_dump(stack))
+    return [worker["name"] for worker in stack["workers"]]
 
 
 def step_rows(metrics_file: Path) -> list[dict[str, float]]:

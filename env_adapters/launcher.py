@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
 from env_adapters.http import TOKEN_ENV, ensure_token_file
+from env_adapters.sandbox.containers import docker_available, remove_orphans
 from env_adapters.sandbox.servers import term_with_parent
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
@@ -152,6 +153,16 @@ def child_env(token_env: dict[str, str]) -> dict[str, str]:
     """This process's environment for a stack process, with the stack's token (``token_env``) and no other: a
     ``$AGENTRL_ENV_TOKEN`` of the caller's shell never reaches a stack that has none."""
     return {**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **token_env}
+
+
+def remove_killed_containers() -> None:
+    """Remove the sandbox containers of stack processes that had to be SIGKILLed (a worker whose pool outlived the
+    stop's grace period leaves them): every container whose owner on this host no longer runs. No Docker, nothing
+    to do."""
+    if docker_available():
+        removed = remove_orphans()
+        if removed:
+            logger.info("removed %d container(s) of killed processes", len(removed))
 
 
 class EnvStack:
@@ -314,6 +325,7 @@ class EnvStack:
 
     def stop(self) -> None:
         """SIGTERM workers (so tasks tear down), then the controller; SIGKILL what outlives the grace period."""
+        killed = []
         for procs in ([p for _, p in self.workers], [self.controller] if self.controller else []):
             for proc in procs:
                 if proc.poll() is None:
@@ -326,6 +338,9 @@ class EnvStack:
                     logger.warning("process %d did not stop within %.0fs; killing it", proc.pid, STOP_GRACE_S)
                     proc.kill()
                     proc.wait()
+                    killed.append(proc.pid)
+        if killed:
+            remove_killed_containers()
         self.workers, self.controller = [], None
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from env_adapters.http import is_loopback
-from env_adapters.launcher import STOP_GRACE_S, EnvStack, RayPlacement, StackStartError, child_env
+from env_adapters.launcher import (
+    STOP_GRACE_S,
+    EnvStack,
+    RayPlacement,
+    StackStartError,
+    child_env,
+    remove_killed_containers,
+)
 from env_adapters.sandbox.containers import DOCKER_RESOURCE, docker_available
 from env_adapters.sandbox.servers import term_with_parent
 from env_adapters.task import get_task_class
@@ -126,7 +133,9 @@ class ProcessHost:
             return self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+            remove_killed_containers()
+            return code
 
 
 class RayProcess:

@@ -23,7 +23,8 @@ import socket
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,50 @@ def owner_alive(owner: str) -> bool | None:
     if not pid.isdigit():
         return False  # a malformed label: nobody can claim it
     return _start_time(int(pid)) == start
+
+
+def remove_containers(client: docker.DockerClient, names: Iterable[str]) -> list[str]:
+    """Remove containers by name, all at once (on btrfs one removal walks the container's whole tree, seconds each:
+    one after another, a worker's pool outlived its stop's grace period). A container already gone, or being
+    removed by another reaper, counts as removed. Returns the names."""
+    names = list(names)
+
+    def remove(name: str) -> None:
+        try:
+            client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: "removal already in progress" elsewhere
+                raise
+
+    if len(names) == 1:
+        remove(names[0])
+    elif names:
+        with ThreadPoolExecutor(max_workers=min(len(names), 16), thread_name_prefix="container-removal") as pool:
+            list(pool.map(remove, names))
+    return names
+
+
+def remove_orphans(client: docker.DockerClient | None = None) -> list[str]:
+    """Remove the sandbox containers whose owner on this host no longer runs (e.g. a worker killed before its pool
+    was removed): what any pool's reaper would remove, for callers without a pool (``agentrl-env up`` after it
+    had to kill a worker). Returns the names."""
+    own_client = client is None
+    client = client or docker.from_env()
+    try:
+        return remove_containers(client, [name for name, owner in _sandbox_containers(client)
+                                          if owner_alive(owner) is False])
+    finally:
+        if own_client:
+            client.close()
+
+
+def _sandbox_containers(client: docker.DockerClient) -> list[tuple[str, str]]:
+    """(name, owner label) of every container this module started on the daemon, running or not."""
+    # The low-level listing: no per-container inspect that could race with removals elsewhere.
+    return [(info["Names"][0].lstrip("/"), (info.get("Labels") or {}).get(LABEL_OWNER, ""))
+            for info in client.api.containers(all=True, filters={"label": LABEL_SANDBOX})]
 
 
 @dataclass(frozen=True)
@@ -219,17 +264,16 @@ class ContainerPool:
 
     def reap(self, everything_of_mine: bool = False) -> list[str]:
         """Remove orphaned containers (see the module doc); also all of this process's if asked. Returns names."""
-        removed = []
-        # The low-level listing: no per-container inspect that could race with removals elsewhere.
-        for info in self.client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
-            name, owner = info["Names"][0].lstrip("/"), (info.get("Labels") or {}).get(LABEL_OWNER, "")
+        orphans = []
+        for name, owner in _sandbox_containers(self.client):
             if owner == self.owner:
                 orphan = everything_of_mine or name not in self._live
             else:
                 orphan = owner_alive(owner) is False
             if orphan:
-                self._remove(name)
-                removed.append(name)
+                orphans.append(name)
+        removed = remove_containers(self.client, orphans)
+        self._live.difference_update(removed)
         if removed:
             logger.info("removed %d container(s): %s", len(removed), ", ".join(removed))
         return removed
@@ -337,12 +381,5 @@ class ContainerPool:
         return limits
 
     def _remove(self, name: str) -> None:
-        try:
-            self.client.api.remove_container(name, force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            # "removal already in progress" from a concurrent reaper run is fine too.
-            if e.status_code != 409:
-                raise
+        remove_containers(self.client, [name])
         self._live.discard(name)

@@ -41,6 +41,11 @@ class MariaDBError(RuntimeError):
     """The server could not be initialised or started."""
 
 
+def mariadb_available() -> bool:
+    """Whether a MariaDB server can be started here (``mariadbd`` is installed)."""
+    return shutil.which("mariadbd", path=_SEARCH_PATH) is not None
+
+
 def _binary(name: str) -> str:
     path = shutil.which(name, path=_SEARCH_PATH)
     if path is None:

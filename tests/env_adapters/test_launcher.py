@@ -185,3 +185,33 @@ async def test_a_controller_restarted_on_its_port_gives_new_session_ids_and_gets
             assert (await env.interact(after.session_id, STEP)).status == "running"
             with pytest.raises(EnvRequestError, match="404"):
                 await env.interact(before.session_id, STEP)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_worker_killed_at_stop_leaves_no_container(docker_client, monkeypatch):
+    from env_adapters import launcher
+    from env_adapters.sandbox.containers import LABEL_OWNER, LABEL_SANDBOX
+    from env_adapters.sandbox.images import ensure_image
+
+    ensure_image(docker_client, "os-default")
+    monkeypatch.setattr(launcher, "STOP_GRACE_S", 0.5)
+    config = {"controller": {"port": 0}, "workers": [{"task": "os", "options": {"pool_size": 2}}]}
+
+    def containers_of(pid: int) -> list[str]:
+        return [c.name for c in docker_client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
+                if c.labels[LABEL_OWNER].split(":")[1] == str(pid)]
+
+    stack = EnvStack(config)
+    stack.start()
+    try:
+        pid = stack.workers[0][1].pid
+        deadline = time.monotonic() + 120
+        while not containers_of(pid):  # the pool pre-starts its containers
+            assert time.monotonic() < deadline, "the os worker started no container"
+            time.sleep(0.2)
+    finally:
+        # Stopped, the worker cannot act on SIGTERM: stop() has to kill it with its pool still there.
+        os.kill(stack.workers[0][1].pid, signal.SIGSTOP)
+        stack.stop()
+    assert containers_of(pid) == []

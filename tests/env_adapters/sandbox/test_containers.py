@@ -19,6 +19,7 @@ from env_adapters.sandbox.containers import (  # noqa: E402
     ContainerPool,
     Limits,
     owner_alive,
+    remove_orphans,
     this_owner,
 )
 
@@ -223,3 +224,22 @@ async def test_containers_get_no_network_unless_the_pool_is_given_one():
     await ContainerPool(daemon, limits=Limits(), size=0).acquire("image")
     await ContainerPool(daemon, limits=Limits(network="bridge"), size=0).acquire("image")
     assert [o["network_mode"] for o in daemon.runs] == ["none", "bridge"]
+
+
+@pytest.mark.docker
+def test_remove_orphans_takes_every_dead_owners_container_and_only_those(docker_client, os_image):
+    client = docker_client
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    host, labels = socket.gethostname(), {LABEL_SANDBOX: "1"}
+    dead = [client.containers.create(os_image, ["true"], labels={**labels, LABEL_OWNER: f"{host}:{proc.pid}:1"})
+            for _ in range(3)]
+    kept = [client.containers.create(os_image, ["true"], labels={**labels, LABEL_OWNER: owner})
+            for owner in ("elsewhere:1:1", this_owner())]
+    try:
+        assert set(remove_orphans(client)) >= {c.name for c in dead}
+        assert not any(_exists(client, c.name) for c in dead)
+        assert all(_exists(client, c.name) for c in kept)
+    finally:
+        for container in kept:
+            container.remove(force=True)

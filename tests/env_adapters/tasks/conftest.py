@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from env_adapters.sandbox.mariadb import MariaDBServer, mariadb_available
+
 
 @pytest.fixture(scope="session")
 def mariadb_url():
     """``mysql://root@127.0.0.1:PORT`` of a private MariaDB server, stopped (and its folder deleted) at the end."""
-    if shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin:/usr/bin") is None:
+    if not mariadb_available():
         pytest.skip("MariaDB is not installed (apt-get install -y mariadb-server)")
-    from env_adapters.sandbox.mariadb import MariaDBServer
-
     with MariaDBServer() as server:
         yield server.url
 

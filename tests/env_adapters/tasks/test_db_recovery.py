@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from env_adapters.protocol import SampleStatus
-from env_adapters.sandbox.mariadb import MariaDBServer
+from env_adapters.sandbox.mariadb import MariaDBServer, mariadb_available
 from env_adapters.task import TaskError, get_task_class
 from env_adapters.tasks.dbbench.items import load_items
 
@@ -26,7 +25,7 @@ HANG_GUARD = 120  # seconds; only there so that a regression fails instead of ha
 
 @pytest.fixture
 def mariadb_installed():
-    if shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin:/usr/bin") is None:
+    if not mariadb_available():
         pytest.skip("MariaDB is not installed (apt-get install -y mariadb-server)")
 
 
