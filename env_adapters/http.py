@@ -631,6 +631,8 @@ class HTTPClient:
                                              timeout)
         except (OSError, TimeoutError) as e:
             raise ConnectError(f"cannot connect to {host}:{port}: {e!r}") from e
+        if conn.transport is None:  # closed by the peer before it carried anything (a server going down)
+            raise ConnectError(f"cannot connect to {host}:{port}: the connection closed as it opened")
         return conn
 
     async def close(self) -> None:

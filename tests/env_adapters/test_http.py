@@ -167,6 +167,24 @@ async def test_drain_cancels_what_outlives_grace():
     assert time.monotonic() - t0 < 2 and fast.done() and not fast.cancelled() and stuck.cancelled()
 
 
+async def test_a_connection_the_server_closes_as_it_opens_is_a_connect_error(server, monkeypatch):
+    # A controller killed mid-run: a new connection can be accepted and closed before the request is written. It
+    # never carried the request, so it must fail as a connection that could not be opened (which callers retry).
+    srv, url, client = server
+    opened = http._ClientProtocol.connection_made
+
+    def opened_then_closed(self, transport):
+        opened(self, transport)
+        transport.abort()
+        self.connection_lost(None)  # delivered before the request is sent
+
+    monkeypatch.setattr(http._ClientProtocol, "connection_made", opened_then_closed)
+    with pytest.raises(ConnectError, match="closed as it opened"):
+        await client.request("GET", f"{url}/api/echo")
+    monkeypatch.undo()
+    assert (await client.request("GET", f"{url}/api/echo")).status == 200
+
+
 async def test_connection_closed_by_server_while_idle_is_not_reused():
     srv = HTTPServer(ROUTES)
     port = await srv.start("127.0.0.1", 0)
