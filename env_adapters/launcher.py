@@ -45,7 +45,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from env_adapters.controller import DEFAULT_PORT, ControllerConfig
 from env_adapters.http import TOKEN_ENV, ensure_token_file
-from env_adapters.sandbox.containers import docker_available, remove_orphans
 from env_adapters.sandbox.servers import term_with_parent
 from env_adapters.worker import DEFAULT_HEARTBEAT_INTERVAL
 
@@ -159,6 +158,9 @@ def remove_killed_containers() -> None:
     """Remove the sandbox containers of stack processes that had to be SIGKILLed (a worker whose pool outlived the
     stop's grace period leaves them): every container whose owner on this host no longer runs. No Docker, nothing
     to do."""
+    # Imported here: the Docker SDK is a quarter of this module's import time, and only this rare path needs it.
+    from env_adapters.sandbox.containers import docker_available, remove_orphans
+
     if docker_available():
         removed = remove_orphans()
         if removed:
@@ -325,7 +327,7 @@ class EnvStack:
 
     def stop(self) -> None:
         """SIGTERM workers (so tasks tear down), then the controller; SIGKILL what outlives the grace period."""
-        killed = []
+        killed = False
         for procs in ([p for _, p in self.workers], [self.controller] if self.controller else []):
             for proc in procs:
                 if proc.poll() is None:
@@ -338,7 +340,7 @@ class EnvStack:
                     logger.warning("process %d did not stop within %.0fs; killing it", proc.pid, STOP_GRACE_S)
                     proc.kill()
                     proc.wait()
-                    killed.append(proc.pid)
+                    killed = True
         if killed:
             remove_killed_containers()
         self.workers, self.controller = [], None
