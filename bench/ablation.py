@@ -55,23 +55,20 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_verl.core.cross_policy import CURRENT, FIXED, SHARE_BINS, STALE
-from agentrl_verl.harness.demo import (
-    DemoConfig,
-    RLSpec,
-    TaskSpec,
-    evaluate_tasks,
-    exported_actor,
-    load_demo_config,
-    rl_command,
-    rl_preset_values,
-    run_rl,
-    stack_config,
-    task_indices,
-    write_datasets,
-)
 from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.harness.warmup_cache import cache_key, cached_warmup
+from agentrl_verl.pipeline.evaluation import evaluate_held_out
+from agentrl_verl.pipeline.launch import (
+    exported_actor,
+    read_jsonl,
+    rl_command,
+    rl_preset_values,
+    run_main_ppo,
+    write_datasets,
+)
+from agentrl_verl.pipeline.settings import PipelineConfig, RLSpec, load_pipeline_config
+from agentrl_verl.pipeline.stack import Split, sessions, stack_config, task_indices
+from agentrl_verl.pipeline.warmup import plan_warmup, warm_up
 from bench.common import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
 
@@ -113,9 +110,9 @@ def arms(families: Sequence[str] = FAMILIES) -> dict[str, Arm]:
             SYNC: Arm(every, ("trainer.v1.trainer_mode=agentrl_sync",))}
 
 
-def workload(families: Sequence[str] = FAMILIES) -> DemoConfig:
+def workload(families: Sequence[str] = FAMILIES) -> PipelineConfig:
     """The multi-task demo's settings restricted to ``families``, each with :data:`HELD_OUT` held-out indices."""
-    config = load_demo_config(Path(CONFIG_DIR) / "demo_multitask.yaml")
+    config = load_pipeline_config(Path(CONFIG_DIR) / "demo_multitask.yaml")
     # Concurrency 64: an evaluation plays a family's episodes at most that many at once, within its worker's limit.
     config.tasks = [dataclasses.replace(t, held_out=HELD_OUT, concurrency=64) for t in config.tasks
                     if t.name in families]
@@ -181,54 +178,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ---- the start model ----------------------------------------------------------------------------------
 
 
-def warmup_key(base: Path, config: DemoConfig) -> str:
-    """Cache key of the warm-up model: everything that shapes it (base model, tasks, demonstrations, warm-up and
-    evaluation settings, the warm-up code)."""
-    return cache_key(warmup_settings(base, config))
-
-
-def warmup_settings(base: Path, config: DemoConfig) -> dict[str, Any]:
-    """What shapes the warm-up model, as JSON values (its cache key is their hash and the warm-up code's)."""
-    return {"base": base.name, "seed": config.seed, "demonstrations": config.demonstrations,
-            "tasks": [dataclasses.asdict(t) for t in config.tasks], "warmup": config.warmup.model_settings(),
-            "eval": dataclasses.asdict(config.eval)}
-
-
-def warmed_up_model(config: DemoConfig, base: Path | None = None) -> Path:
-    """The tiny model after the multi-task demo's supervised warm-up on ``config``'s tasks, built once and kept under
-    ``$AGENTRL_CACHE_DIR/ablation/`` keyed by :func:`warmup_key`; its ``warmup.json`` holds the warm-up's history.
-    ``base``: the tiny model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds
-    another tokenizer, so there it is carried)."""
-    from transformers import AutoTokenizer
-
-    from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
+def warmed_up_model(config: PipelineConfig, base: Path | None = None) -> Path:
+    """The tiny model after the pipeline's supervised warm-up on ``config``'s tasks (:func:`warm_up`), built once and
+    kept under ``$AGENTRL_CACHE_DIR/ablation/``; its ``warmup.json`` holds the warm-up's history. ``base``: the tiny
+    model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds another tokenizer, so
+    there it is carried)."""
     from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
 
     base = base or build_tiny_model()
-
-    def build(output: Path) -> dict[str, Any]:
+    plan = plan_warmup(base, config, config.tasks, default_cache_dir() / "ablation")
+    if not (plan.path / "config.json").exists():
         logger.info("warm-up on %s", ", ".join(t.name for t in config.tasks))
-        tokenizer = AutoTokenizer.from_pretrained(base)
         with EnvStack(stack_config(config.tasks), startup_timeout=180) as stack:
-            held_out, train = split(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
-            demos = [d for t in config.tasks for d in generate_demonstrations(
-                t.family, train[t.name][: t.demonstration_count(config.demonstrations)], t.options)]
-            checked = {name: indices[: config.eval.warmup_indices] for name, indices in held_out.items()}
-
-            def check(model, part: slice) -> list[bool]:
-                results = evaluate_tasks(stack.url, model, tokenizer, {k: v[part] for k, v in checked.items()},
-                                         config.eval, sessions(config.tasks), seed=config.seed)
-                return [e["success"] for result in results.values() for e in result.episodes]
-
-            warm = supervised_warmup(base, demos, output, check, config.warmup)
-        logger.info("warm-up: %d steps on %d demonstrations, held-out greedy success %.2f", warm.steps, len(demos),
-                    warm.success)
-        return {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}
-
-    return cached_warmup(default_cache_dir() / "ablation", "warmup", warmup_settings(base, config), build).path
+            warm_up(plan, stack.url, Split.of(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks))
+    return plan.path
 
 
-def fixed_warmup(config: DemoConfig) -> DemoConfig:
+def fixed_warmup(config: PipelineConfig) -> PipelineConfig:
     """The default fixed pool model's settings: the start model's warm-up with ``warmup.seed``
     :data:`FIXED_WARMUP_SEED` (same base, tokenizer and demonstrations, another order: another model of the same
     kind)."""
@@ -238,17 +204,6 @@ def fixed_warmup(config: DemoConfig) -> DemoConfig:
 def uses_fixed_model(names: Sequence[str]) -> bool:
     """Whether any of the arms ``names`` needs the fixed pool model (``fixed_pool``, or its evaluation)."""
     return any(name == FIXED or (name in arms() and arms()[name].fixed_model) for name in names)
-
-
-def split(indices: dict[str, list[Any]], tasks: Sequence[TaskSpec]) -> tuple[dict[str, list], dict[str, list]]:
-    """Each task's indices cut into held-out (its first ``held_out``) and training (the rest), as the demo does."""
-    return ({t.name: indices[t.name][: t.held_out] for t in tasks},
-            {t.name: indices[t.name][t.held_out:] for t in tasks})
-
-
-def sessions(tasks: Sequence[TaskSpec]) -> dict[str, int]:
-    """Episodes at once per task in an evaluation (within each worker's concurrency), as the demo plays them."""
-    return {t.name: min(t.concurrency, 64) for t in tasks}
 
 
 # ---- one run ------------------------------------------------------------------------------------------
@@ -361,19 +316,16 @@ def train_summary(history: Sequence[dict[str, Any]], families: Sequence[str]) ->
     }
 
 
-def evaluate(model_path: Path, start: Path, url: str, held_out: dict[str, list], config: DemoConfig,
+def evaluate(model_path: Path, start: Path, url: str, held_out: dict[str, list], config: PipelineConfig,
              eval_size: int) -> dict[str, dict[str, float]]:
     """Sampled held-out play of ``model_path`` on the first ``eval_size`` held-out indices of every family (the
     tokenizer is the start model's, which RL keeps); per family: success, mean reward, share of episodes with a
     partial reward (0 < r < 1), mean turns and episodes."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(start)
     splits = {family: indices[:eval_size] for family, indices in held_out.items()}
-    results = evaluate_tasks(url, model, tokenizer, splits, config.eval, sessions(config.tasks), greedy=False,
-                             seed=config.seed)
+    results = evaluate_held_out(url, model_path, AutoTokenizer.from_pretrained(start), splits, config.eval,
+                                sessions(config.tasks), seed=config.seed, modes=["sampled"])["sampled"]
     return {family: episode_stats(result.episodes) for family, result in results.items()}
 
 
@@ -385,7 +337,7 @@ def episode_stats(episodes: Sequence[dict[str, Any]]) -> dict[str, float]:
             "turns": sum(e["turns"] for e in episodes) / n, "episodes": len(episodes)}
 
 
-def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: Path, config: DemoConfig,
+def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: Path, config: PipelineConfig,
             fixed: Path | None = None) -> dict[str, Any]:
     """One run, resumed from ``folder``: trained (unless one of :data:`UNTRAINED`, or trained before and its model is
     still there), then evaluated; ``run.json`` is written after each. ``fixed``: the fixed pool model (of the arms
@@ -400,7 +352,8 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, folder: Path, model: 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "env_logs").mkdir(exist_ok=True)
     with EnvStack(stack_config(config.tasks), log_dir=folder / "env_logs", startup_timeout=180) as stack:
-        held_out, train = split(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
+        split = Split.of(asyncio.run(task_indices(stack.url, config.tasks)), config.tasks)
+        held_out, train = split.held_out, split.train
         if arm in UNTRAINED:
             final, record = model if arm == START else fixed, {"arm": arm, "seed": seed, "settings": settings}
         elif saved is not None and Path(saved["model"], "config.json").exists():
@@ -429,7 +382,7 @@ def arm_overrides(spec: Arm, fixed: Path | None) -> tuple[str, ...]:
 
 
 def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: Path, model: Path,
-              config: DemoConfig, url: str, train: dict[str, list], held_out: dict[str, list]) -> Path:
+              config: PipelineConfig, url: str, train: dict[str, list], held_out: dict[str, list]) -> Path:
     """The verl run of one arm and seed, as the demo's RL phase runs it; returns its final model (HF export)."""
     rl = RLSpec(steps=args.steps, stall_s=config.rl.stall_s,
                 overrides=[*config.rl.overrides, *size_overrides(args.batch, args.n), *spec.overrides, *args.override])
@@ -444,7 +397,7 @@ def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: 
     try:
         cmd = rl_command(str(model), train_file, val_file, url, folder, ray_dir, rl, seed)
         logger.info("%s seed %d: %d steps of %d groups (%s)", arm, seed, args.steps, batch, ", ".join(spec.families))
-        run_rl(cmd, folder, list(spec.families), args.steps, rl.stall_s, env=rl.platform_env())
+        run_main_ppo(cmd, folder, list(spec.families), args.steps, rl.stall_s, env=rl.platform_env())
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
     return exported_actor(folder / "checkpoints", args.steps)
@@ -452,7 +405,7 @@ def train_run(args: argparse.Namespace, arm: str, spec: Arm, seed: int, folder: 
 
 def _read_metrics(folder: Path) -> list[dict[str, Any]]:
     path = folder / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(path) if path.exists() else []
 
 
 # ---- many runs ----------------------------------------------------------------------------------------

@@ -34,12 +34,13 @@ Results and how to read them: ``docs/training/async.md``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,11 +50,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.harness.demo import exported_actor, load_demo_config
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
-from agentrl_verl.harness.warmup_cache import cached_warmup
+from agentrl_verl.pipeline.launch import exported_actor, read_jsonl, rl_command, run_main_ppo
+from agentrl_verl.pipeline.settings import RLSpec, TaskSpec, load_pipeline_config
+from agentrl_verl.pipeline.stack import Split, task_indices
+from agentrl_verl.pipeline.stack import stack_config as tasks_stack_config
+from agentrl_verl.pipeline.warmup import plan_warmup, warm_up
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 from agentrl_verl.tools.evaluate import evaluate_model
 from bench.common import cpu_affinity, cpu_list, cpu_shares, mean_and_se, run_processes, saved_record
@@ -66,12 +69,12 @@ MODES = {"sync": "agentrl_sync", "async": "agentrl_async"}
 TASKS = ("calc", "db")
 """Task families the runs may train on (``--tasks``)."""
 CORRECTIONS = {
-    # PPO ratio against each token's behaviour log-prob, clipped (upstream AgentRL's behaviour).
+    # PPO ratio against each token's behaviour log-prob, clipped (upstream AgentRL's behaviour; the demo's layer).
     "bypass": ["algorithm.rollout_correction.bypass_mode=true"],
     # verl's decoupled mode with truncated token-level importance weights against the behaviour log-probs.
-    "token": ["algorithm.rollout_correction.rollout_is=token"],
+    "token": ["algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_is=token"],
     # verl's default: old_log_probs recomputed by the current actor, stale turns trained as on-policy.
-    "none": [],
+    "none": ["algorithm.rollout_correction.bypass_mode=false"],
 }
 
 
@@ -107,7 +110,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="model directory used as is (default: the tiny offline model after the demo's supervised "
                              "warm-up on calc, cached, so that rewards can move)")
     parser.add_argument("--out", default=None, help="folder for logs, metrics and the summary (default: a temporary)")
-    parser.add_argument("--timeout-s", type=int, default=900, help="limit of each training run")
+    parser.add_argument("--stall-s", type=float, default=900.0,
+                        help="a training run that neither finishes a step nor prints a line for this long is stopped")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for both runs (repeatable), e.g. actor_rollout_ref.actor.optim.lr=5e-5")
     parser.add_argument("--report", action="store_true",
@@ -145,7 +149,7 @@ def stack_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 CALC_SIZE = 256
 """calc indices the runs train on; the warm-up demonstrates and evaluates on the indices after them, and the final
 held-out evaluation uses the indices after those."""
-DEMO = load_demo_config()
+DEMO = load_pipeline_config()
 """The demo's settings: its warm-up, its evaluation and its RL temperature are the bench's too."""
 
 
@@ -200,123 +204,65 @@ def start_held_out(workdir: Path, model: Path | None, size: int) -> float | None
     return success
 
 
-def warmup_settings(base: Path) -> dict[str, Any]:
-    """What shapes the warm-up model, as JSON values (its cache key is their hash and the warm-up code's)."""
-    import dataclasses
-
-    return {"base": base.name, "calc_size": CALC_SIZE, "seed": DEMO.seed, "demonstrations": DEMO.demonstrations,
-            "warmup": DEMO.warmup.model_settings(), "eval": dataclasses.asdict(DEMO.eval)}
+WARMUP_TASK = TaskSpec(name="calc", family="calc", options={"seed": DEMO.seed,
+                                                          "size": DEMO.eval.warmup_indices + DEMO.demonstrations},
+                       concurrency=64, held_out=DEMO.eval.warmup_indices, learnable=True)
+"""The warm-up's calc problems (seed ``DEMO.seed``, no latency): the first ``eval.warmup_indices`` check it, the
+rest are demonstrated. The final held-out evaluation plays indices after all of them."""
 
 
 def warmed_up_model() -> Path:
-    """The tiny model after the demo's supervised warm-up on calc (its settings from ``demo_run.yaml``), built once
-    and kept under ``$AGENTRL_CACHE_DIR/async_vs_sync/`` keyed by :func:`warmup_settings` (as ``bench.ablation``
-    keeps its own).
+    """The tiny model after the pipeline's supervised warm-up on calc (:func:`warm_up` with the demo's settings, on
+    :data:`WARMUP_TASK`), built once and kept under ``$AGENTRL_CACHE_DIR/async_vs_sync/``.
 
     An untrained model ends every episode with a malformed first turn: a flat reward, and episodes that never
-    reach the multi-turn latency tail. The warm-up is checked against the calc task (problem seed
-    ``DEMO.seed``) without latency; every seed of the bench starts from this one model, so pairs differ only in
+    reach the multi-turn latency tail. Every seed of the bench starts from this one model, so pairs differ only in
     the training mode.
     """
-    from transformers import AutoTokenizer
-
-    from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup
     from agentrl_verl.harness.tiny_model import default_cache_dir
 
-    base = build_tiny_model()
-
-    def build(output: Path) -> dict[str, Any]:
+    tasks = [WARMUP_TASK]
+    plan = plan_warmup(build_tiny_model(), DEMO, tasks, default_cache_dir() / "async_vs_sync")
+    if not (plan.path / "config.json").exists():
         logger.info("warm-up: supervised, on calc")
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        held_out = list(range(CALC_SIZE, CALC_SIZE + DEMO.eval.warmup_indices))
-        first_demo = held_out[-1] + 1
-        demos = generate_demonstrations("calc", range(first_demo, first_demo + DEMO.demonstrations),
-                                        {"seed": DEMO.seed, "size": first_demo + DEMO.demonstrations})
-        with calc_stack(DEMO.seed, held_out[-1] + 1) as stack:
-            warm = supervised_warmup(base, demos, output,
-                                     lambda model, part: calc_successes(stack.url, model, tokenizer, held_out[part],
-                                                                        DEMO.seed),
-                                     DEMO.warmup)
-        logger.info("warm-up: %d steps, held-out greedy success %.2f", warm.steps, warm.success)
-        return {"steps": warm.steps, "success": warm.success, "demonstrations": len(demos), "history": warm.history}
-
-    return cached_warmup(default_cache_dir() / "async_vs_sync", "warmup", warmup_settings(base), build).path
+        with EnvStack(tasks_stack_config(tasks)) as stack:
+            warm_up(plan, stack.url, Split.of(asyncio.run(task_indices(stack.url, tasks)), tasks))
+    return plan.path
 
 
 def run_training(mode: str, args: argparse.Namespace, seed: int, workdir: Path, model: Path, env_url: str,
                  stop: threading.Event | None = None, cpus: set[int] | None = None) -> dict[str, Any]:
-    """One ``main_ppo`` run (``mode``: ``sync`` or ``async``), logging each step as it ends; returns its per-step
-    metrics, process wall time and final model (its HF export). Setting ``stop`` ends the run (with an error);
-    ``cpus``: the CPUs the run and its Ray workers may use (default: this process's)."""
-    metrics_path = workdir / f"{mode}.jsonl"
-    rundir = workdir / mode  # Hydra's outputs/ of runs started in the same second would collide
-    rundir.mkdir(exist_ok=True)
-    checkpoints = workdir / f"ckpt_{mode}"
-    ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    """One ``main_ppo`` run (``mode``: ``sync`` or ``async``) in ``workdir/mode``, launched and supervised as the
+    demo's (:func:`run_main_ppo`), each step logged as it ends; returns its per-step metrics, process wall time and
+    final model (its HF export). Setting ``stop`` ends the run (with an error); ``cpus``: the CPUs the run and its
+    Ray workers may use (default: this process's)."""
+    out = workdir / mode
+    out.mkdir(exist_ok=True)
     overrides = [
-        f"actor_rollout_ref.model.path={model}",
-        f"data.train_files={workdir / 'train.parquet'}", f"data.val_files={workdir / 'val.parquet'}",
         f"data.train_batch_size={args.batch}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        f"actor_rollout_ref.rollout.n={args.n}", f"data.seed={seed}",
-        f"trainer.total_training_steps={args.steps}", "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={checkpoints}", f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-        f"trainer.save_freq={args.steps}", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
-        "algorithm.adv_estimator=task_norm_grpo", f"trainer.v1.trainer_mode={MODES[mode]}",
-        # The demo's RL settings for the warmed-up model (temperature 0.8, no penalty; see presets/demo/tiny.yaml).
-        f"actor_rollout_ref.rollout.temperature={DEMO.eval.temperature}", "+agentrl.agent.penalty=0.0",
-        f"+agentrl.env.url={env_url}", "+agentrl.agent.max_turns=4", "+agentrl.agent.max_new_tokens=48",
-        "+agentrl.agent.max_total_tokens=1024", "data.max_prompt_length=768", "data.max_response_length=256",
-        *CORRECTIONS[args.correction],
+        f"actor_rollout_ref.rollout.n={args.n}", f"trainer.v1.trainer_mode={MODES[mode]}",
+        # The demo's layer minus what this comparison leaves out: cross-policy sampling, the demo's token limits.
+        "agentrl.cross_policy.enable=false", "agentrl.agent.max_total_tokens=1024", "data.max_prompt_length=768",
+        f"agentrl.async.max_staleness={args.max_staleness}", f"+agentrl.async.stale_policy={args.stale_policy}",
+        *CORRECTIONS[args.correction], *args.override,
     ]
-    if mode == "async":
-        overrides += [f"+agentrl.async.max_staleness={args.max_staleness}",
-                      f"+agentrl.async.stale_policy={args.stale_policy}"]
-    overrides += args.override
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", CONFIG_DIR, "--config-name", "cpu_tiny",
-           *overrides]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "VERL_FILE_LOGGER_PATH": str(metrics_path)}
-    log_path = workdir / f"{mode}.log"
+    spec = RLSpec(steps=args.steps, stall_s=args.stall_s, overrides=overrides, device="cpu")
+    ray_dir = Path(tempfile.mkdtemp(prefix="bray_", dir="/tmp"))  # short: Ray's socket paths have a length limit
     start = time.monotonic()
-    seen = 0
-    with open(log_path, "w") as log:
-        with cpu_affinity(cpus):
-            proc = subprocess.Popen(cmd, cwd=rundir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        try:
-            while (returncode := proc.poll()) is None:
-                if stop is not None and stop.is_set():
-                    raise RuntimeError(f"seed {seed}: the {mode} run was stopped (the other run failed, or the bench)")
-                if time.monotonic() - start > args.timeout_s:
-                    raise RuntimeError(f"seed {seed}: the {mode} run timed out after {args.timeout_s}s; see {log_path}")
-                seen = _log_new_steps(metrics_path, seen, mode, seed, args.steps, time.monotonic() - start)
-                time.sleep(2)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            subprocess.run(["rm", "-rf", str(ray_dir)], check=False)
-    wall = time.monotonic() - start
-    if returncode != 0:
-        raise RuntimeError(f"seed {seed}: the {mode} run failed with exit code {returncode}; see {log_path}")
-    steps = _read_steps(metrics_path)
-    return {"wall_s": wall, "steps": steps, "model": exported_actor(checkpoints, args.steps)}
+    try:
+        cmd = rl_command(str(model), workdir / "train.parquet", workdir / "val.parquet", env_url, out, ray_dir, spec,
+                         seed)
+        with cpu_affinity(cpus):  # the run's processes inherit it
+            run_main_ppo(cmd, out, list(args.tasks), args.steps, spec.stall_s, env=spec.platform_env(),
+                         stop=stop)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    return {"wall_s": time.monotonic() - start, "steps": _read_steps(out / "metrics.jsonl"),
+            "model": exported_actor(out / "checkpoints", args.steps)}
 
 
 def _read_steps(path: Path) -> dict[int, dict[str, Any]]:
-    if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {int(row["step"]): row["data"] for row in rows}
-
-
-def _log_new_steps(path: Path, seen: int, mode: str, seed: int, total: int, seconds: float) -> int:
-    steps = _read_steps(path)
-    for step in sorted(k for k in steps if k > seen):
-        logger.info("seed %d %s step %d/%d (%.0fs): reward %.3f, step time %.1fs", seed, mode, step, total, seconds,
-                    float(steps[step].get("agentrl/all/reward", float("nan"))),
-                    float(steps[step].get("timing_s/step", float("nan"))))
-    return max(steps, default=seen)
+    return {int(row["step"]): row["data"] for row in read_jsonl(path)} if path.exists() else {}
 
 
 DIAGNOSTICS = {

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.harness.demo import DemoConfig, load_demo_config
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.pipeline.settings import PipelineConfig, load_pipeline_config
 from agentrl_verl.tools.compare import paired_changes, sign_test_p
 from bench.common import mean_and_se, run_processes
 
@@ -88,7 +88,7 @@ def seed_overrides(seed: int) -> list[str]:
 
 def expected_config(config: str, overrides: Sequence[str], seed: int) -> dict[str, Any]:
     """The ``config`` that seed ``seed``'s ``summary.json`` holds when made with these settings (validated)."""
-    loaded = load_demo_config(config, [*seed_overrides(seed), *overrides])
+    loaded = load_pipeline_config(config, [*seed_overrides(seed), *overrides])
     return json.loads(json.dumps(dataclasses.asdict(loaded), default=str))  # as the demo writes it
 
 
@@ -116,7 +116,7 @@ def saved_run(folder: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    defaults = json.loads(json.dumps(dataclasses.asdict(DemoConfig()), default=str))
+    defaults = json.loads(json.dumps(dataclasses.asdict(PipelineConfig()), default=str))
     changed = differences(summary.get("config"), expected, default=defaults)
     if changed:
         raise ValueError(f"{folder} holds a demo run made with other settings ({', '.join(changed[:8])} differ): "
@@ -226,7 +226,7 @@ def seed_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                        for mode in modes}}
 
 
-def describe(config: DemoConfig, path: str, overrides: Sequence[str] = ()) -> str:
+def describe(config: PipelineConfig, path: str, overrides: Sequence[str] = ()) -> str:
     """The runs' settings in a sentence, with the ``--set`` overrides they share."""
     modes = "greedy and sampled" if config.eval.sampled else "greedy"
     held_out = sorted({t.held_out for t in config.tasks})
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         raise SystemExit(f"no finished demo run under {out} for seeds {args.seeds}")
     stats = seed_statistics(records)
-    settings = describe(load_demo_config(args.config, args.overrides), args.config, args.overrides)
+    settings = describe(load_pipeline_config(args.config, args.overrides), args.config, args.overrides)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "stats": stats, "runs": records}, indent=2))
     text = summary_markdown(records, stats, settings)

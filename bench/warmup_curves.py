@@ -27,10 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl_verl.harness.cold_start import generate_demonstrations, supervised_warmup, tokenize_episode
-from agentrl_verl.harness.demo import evaluate_tasks, load_demo_config, stack_config, task_indices
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.pipeline.cold_start import generate_demonstrations, supervised_warmup, tokenize_episode
+from agentrl_verl.pipeline.evaluation import evaluate_tasks
+from agentrl_verl.pipeline.settings import load_pipeline_config
+from agentrl_verl.pipeline.stack import Split, sessions, stack_config, task_indices
 
 logger = logging.getLogger("bench.warmup_curves")
 
@@ -50,16 +52,16 @@ def main() -> None:
 
     from env_adapters.launcher import EnvStack
 
-    config = load_demo_config(args.config, args.overrides)
+    config = load_pipeline_config(args.config, args.overrides)
     learnable = [t for t in config.tasks if t.learnable]
     model_dir = build_tiny_model(spec=config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     with EnvStack(stack_config(learnable), startup_timeout=180) as stack:
-        indices = asyncio.run(task_indices(stack.url, learnable))
+        split = Split.of(asyncio.run(task_indices(stack.url, learnable)), learnable)
         demos, made = [], {}
         for spec in learnable:
             began = time.monotonic()
-            train = indices[spec.name][spec.held_out:][: spec.demonstration_count(config.demonstrations)]
+            train = split.train[spec.name][: spec.demonstration_count(config.demonstrations)]
             episodes = generate_demonstrations(spec.family, train, spec.options)
             seconds = time.monotonic() - began
             masks = [tokenize_episode(tokenizer, e.messages, e.tools)[1] for e in episodes]
@@ -72,17 +74,17 @@ def main() -> None:
                   + ", ".join(f"{k} {v:.1f}" for k, v in made[spec.name].items() if k not in ("episodes", "seconds")),
                   flush=True)
             demos += episodes
-        held_out = {t.name: indices[t.name][: min(t.held_out, args.eval_indices)] for t in learnable}
-        sessions = {t.name: min(t.concurrency, 64) for t in learnable}
+        held_out = {name: indices[: args.eval_indices] for name, indices in split.held_out.items()}
         rows: list[dict[str, float]] = []
 
-        def evaluate(model) -> float:
+        def evaluate(model, part: slice) -> list[bool]:  # the warm-up's check: never screened here (part is all)
             began = time.monotonic()
-            results = evaluate_tasks(stack.url, model, tokenizer, held_out, config.eval, sessions, seed=config.seed)
+            results = evaluate_tasks(stack.url, model, tokenizer, {k: v[part] for k, v in held_out.items()},
+                                     config.eval, sessions(learnable), seed=config.seed)
             rows.append({"eval_s": time.monotonic() - began,
                          **{name: result.success_rate for name, result in results.items()}})
             print(" ".join(f"{k} {v:.2f}" for k, v in rows[-1].items()), flush=True)
-            return statistics.mean(result.success_rate for result in results.values())
+            return [episode["success"] for result in results.values() for episode in result.episodes]
 
         warmup = dataclasses.replace(config.warmup, max_steps=args.steps, eval_every=args.eval_every,
                                      stop_success=2.0, dense_eval_from=2.0)  # never stop, never evaluate densely

@@ -37,7 +37,7 @@ def start_ray_cluster(head: dict[str, Any], nodes: list[dict[str, Any]]) -> tupl
     start-up wait (a loaded machine) is started once more, as the demo does."""
     from ray.cluster_utils import Cluster
 
-    from agentrl_verl.harness.demo import RAY_START_TIMEOUT
+    from agentrl_verl.pipeline.launch import RAY_START_TIMEOUT
 
     for attempt in range(2):
         cluster = Cluster()

@@ -373,25 +373,6 @@ def test_run_children_pinned_starts_each_run_on_its_own_cpus(tmp_path, monkeypat
     assert os.sched_getaffinity(0) == before
 
 
-def test_warmup_key_follows_what_shapes_the_warm_up(tmp_path):
-    import dataclasses
-
-    from bench.ablation import warmup_key
-
-    config, base = workload(), tmp_path / "tiny-qwen2-abc"
-    assert warmup_key(base, config) == warmup_key(base, workload())
-    assert warmup_key(tmp_path / "tiny-qwen2-def", config) != warmup_key(base, config)
-    fewer = workload()
-    fewer.tasks[1] = dataclasses.replace(fewer.tasks[1], demonstrations=10)
-    assert warmup_key(base, fewer) != warmup_key(base, config)
-    shorter = workload()
-    shorter.warmup = dataclasses.replace(shorter.warmup, max_steps=10)
-    assert warmup_key(base, shorter) != warmup_key(base, config)
-    reused = workload()
-    reused.warmup.reuse = True  # the demo's own cache switch shapes no model
-    assert warmup_key(base, reused) == warmup_key(base, config)
-
-
 def test_a_child_runs_its_one_job_and_the_parent_reports(tmp_path, no_verl, capsys):
     model = tmp_path / "warmup-abc"
     common = ["--out", str(tmp_path / "out"), "--model", str(model), "--eval-size", "8"]
@@ -431,7 +412,8 @@ def test_the_fixed_pool_arm_trains_with_the_fixed_model_in_the_pool_and_evaluate
 
 
 def test_the_fixed_pool_arm_overrides_compose_with_the_rl_preset(tmp_path):
-    from agentrl_verl.harness.demo import RLSpec, rl_preset_values
+    from agentrl_verl.pipeline.launch import rl_preset_values
+    from agentrl_verl.pipeline.settings import RLSpec
 
     overrides = ablation.arm_overrides(arms()["fixed_pool"], tmp_path / "warmup-def")
     preset = rl_preset_values(RLSpec(overrides=[*workload().rl.overrides, *overrides]))
@@ -453,13 +435,15 @@ def test_run_children_hand_the_fixed_model_to_every_child(tmp_path, monkeypatch)
 
 
 def test_the_default_fixed_model_is_the_warm_up_on_another_order_of_the_same_demonstrations(tmp_path):
-    from bench.ablation import FIXED_WARMUP_SEED, fixed_warmup, warmup_key
+    from agentrl_verl.pipeline.warmup import plan_warmup
+    from bench.ablation import FIXED_WARMUP_SEED, fixed_warmup
 
     config = workload()
     other = fixed_warmup(config)
     assert other.warmup.seed == FIXED_WARMUP_SEED != config.warmup.seed
     assert other.tasks == config.tasks and other.demonstrations == config.demonstrations
-    assert warmup_key(tmp_path, other) != warmup_key(tmp_path, config)  # cached apart
+    base = tmp_path / "tiny-qwen2-abc"  # cached apart:
+    assert plan_warmup(base, other, other.tasks, tmp_path).path != plan_warmup(base, config, config.tasks, tmp_path).path
 
 
 def _timed(step: int, seconds: float, gen: float, wait: float | None, latency: float) -> dict:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.demo import load_demo_config, summarize
 from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.pipeline.evaluation import held_out_changes
+from agentrl_verl.pipeline.settings import load_pipeline_config
 from agentrl_verl.tools.evaluate import EvalResult
 from bench import common, demo_seeds
 from bench.demo_seeds import (
@@ -69,7 +70,7 @@ def write_run(folder: Path, seed: int, status: str = "finished", overrides: tupl
                     for episode in result.episodes:
                         f.write(json.dumps({"phase": phase, "eval": mode, **episode}) + "\n")
     summary = {"status": status, "stopped_because": None if finished else "interrupted (Ctrl-C)",
-               "tasks": summarize(before, after if finished else None, learnable=list(FAMILIES)),
+               "tasks": held_out_changes(before, after if finished else None, learnable=list(FAMILIES)),
                "timings_s": {"total_s": 800.0 + seed}, "config": expected_config(MULTITASK, list(overrides), seed)}
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
@@ -259,7 +260,7 @@ def test_seeds_are_the_benchs_to_set():
 
 
 def test_the_settings_sentence_names_the_shared_overrides():
-    config = load_demo_config(MULTITASK, ["rl.steps=3"])
+    config = load_pipeline_config(MULTITASK, ["rl.steps=3"])
     sentence = describe(config, MULTITASK, ["rl.steps=3"])
     assert sentence.startswith("Settings demo_multitask.yaml with `--set rl.steps=3` (calc, kg, webshop, alfworld)")
     assert "before and after 3 RL steps" in sentence

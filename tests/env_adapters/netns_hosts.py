@@ -155,7 +155,7 @@ class NetnsRayCluster:
             failed = [i for i, log, proc in [self._start_node(i) for i in hosts] if not self._wait_started(log, proc)]
             if not failed:
                 return
-            from agentrl_verl.harness.demo import RAY_START_TIMEOUT  # only here: it imports verl
+            from agentrl_verl.pipeline.launch import RAY_START_TIMEOUT  # only here: it imports verl
 
             logs = {i: (self._temp / f"node{i}.log").read_text()[-3000:] for i in failed}
             if attempt or not all(RAY_START_TIMEOUT in log for log in logs.values()):

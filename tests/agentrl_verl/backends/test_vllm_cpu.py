@@ -269,7 +269,8 @@ def test_kv_cache_has_a_fixed_size(facts, rollout, verl_rollout_defaults):
     assert rollout.name == "vllm"
 
 def test_demo_engine_vllm_runs_main_ppo_from_the_vllm_environment(tmp_path, monkeypatch):
-    from agentrl_verl.harness.demo import RLSpec, rl_command, rl_preset_values
+    from agentrl_verl.pipeline.launch import rl_command, rl_preset_values
+    from agentrl_verl.pipeline.settings import RLSpec
 
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n")

@@ -59,8 +59,8 @@ def test_chat_template_renders_tools_calls_and_responses(model_dir):
 def test_tokenizer_renders_the_families_compactly(tokenizer):
     """The corpus holds the families' episodes: their text gets merges of its own rather than byte-level pieces
     (with generic text only: 2.2-2.9 bytes a token on these episodes)."""
-    from agentrl_verl.harness.cold_start import _render, generate_demonstrations
     from agentrl_verl.harness.tiny_model import CORPUS_EPISODES, corpus_families
+    from agentrl_verl.pipeline.cold_start import _render, generate_demonstrations
 
     for family, options, indices in CORPUS_EPISODES:
         if family not in corpus_families():

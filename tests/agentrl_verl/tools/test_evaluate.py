@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import Endpoint
-from agentrl_verl.harness.cold_start import generate_demonstrations, tokenize_episode
+from agentrl_verl.pipeline.cold_start import generate_demonstrations, tokenize_episode
 from agentrl_verl.tools.evaluate import (
     EvalResult,
     OpenAIEndpointClient,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.warmup_cache import METADATA, cache_key, cached_warmup
+from agentrl_verl.pipeline.warmup_cache import METADATA, cache_key, cached_warmup
 
 
 class Build:

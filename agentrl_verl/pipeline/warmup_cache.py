@@ -28,7 +28,7 @@ METADATA = "warmup.json"
 def cache_key(settings: dict[str, Any]) -> str:
     """Cache key of a warm-up model: a hash of ``settings`` (JSON values: everything that shapes the model) and of
     the warm-up code (:mod:`.cold_start`), so that a change to either builds another model."""
-    from agentrl_verl.harness import cold_start
+    from agentrl_verl.pipeline import cold_start
 
     code = hashlib.sha256(Path(cold_start.__file__).read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps({**settings, "code": code}, sort_keys=True).encode()).hexdigest()[:16]

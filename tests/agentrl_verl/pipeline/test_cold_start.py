@@ -10,8 +10,8 @@ import logging
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl_verl.harness import cold_start
-from agentrl_verl.harness.cold_start import (
+from agentrl_verl.pipeline import cold_start
+from agentrl_verl.pipeline.cold_start import (
     Episode,
     WarmupConfig,
     generate_demonstrations,
@@ -129,7 +129,7 @@ def test_warmup_evaluates_every_step_once_success_starts_and_stops_in_the_window
 def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(model_dir, tokenizer, demos):
     import torch
 
-    from agentrl_verl.harness.cold_start import _length_groups, _masked_lm_loss
+    from agentrl_verl.pipeline.cold_start import _length_groups, _masked_lm_loss
 
     short = [tokenize_episode(tokenizer, d.messages, d.tools) for d in demos[:6]]
     batch = [*short, (short[0][0] * 3, short[0][1] * 3), (short[1][0] * 5, short[1][1] * 5)]  # three lengths
@@ -160,7 +160,7 @@ def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(m
 def test_a_device_setting_is_resolved_or_named(monkeypatch):
     import torch
 
-    from agentrl_verl.harness.cold_start import device_setting
+    from agentrl_verl.pipeline.cold_start import device_setting
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device_setting("auto", "warmup.device") == "cpu" and device_setting("cpu", "warmup.device") == "cpu"
