@@ -33,7 +33,7 @@ TRAIN_REQUIRES = [
 ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "pytest-xdist>=3.6",
-                 "hypothesis", "ruff"]
+                 "hypothesis", "ruff", "import-linter>=2.17"]
 
 setup(
     name="agentrl-verl",
@@ -45,7 +45,7 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["agentrl_verl", "agentrl_verl.*", "env_adapters", "env_adapters.*"]),
     package_data={
-        "agentrl_verl": ["harness/presets/*.yaml", "harness/presets/**/*.yaml"],
+        "agentrl_verl": ["presets/*.yaml", "presets/**/*.yaml"],
         "env_adapters": ["data/agentbench/**/*", "data/agentbench/*", "sandbox/images/*", "configs/*.yaml",
                          "tasks/os_interaction/scripts/*/*"],
     },

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_verl.core.cross_policy import CURRENT, FIXED, SHARE_BINS, STALE
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.pipeline.evaluation import evaluate_held_out
 from agentrl_verl.pipeline.launch import (
@@ -69,6 +68,7 @@ from agentrl_verl.pipeline.launch import (
 from agentrl_verl.pipeline.settings import PipelineConfig, RLSpec, load_pipeline_config
 from agentrl_verl.pipeline.stack import Split, sessions, stack_config, task_indices
 from agentrl_verl.pipeline.warmup import plan_warmup, warm_up
+from agentrl_verl.presets import CONFIG_DIR
 from bench.common import mean_and_se, run_processes, saved_record
 from env_adapters.launcher import EnvStack
 
@@ -183,7 +183,7 @@ def warmed_up_model(config: PipelineConfig, base: Path | None = None) -> Path:
     kept under ``$AGENTRL_CACHE_DIR/ablation/``; its ``warmup.json`` holds the warm-up's history. ``base``: the tiny
     model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds another tokenizer, so
     there it is carried)."""
-    from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir
+    from agentrl_verl.models.tiny import build_tiny_model, default_cache_dir
 
     base = base or build_tiny_model()
     plan = plan_warmup(base, config, config.tasks, default_cache_dir() / "ablation")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.pipeline.launch import exported_actor, read_jsonl, rl_command, run_main_ppo
 from agentrl_verl.pipeline.settings import RLSpec, TaskSpec, load_pipeline_config
 from agentrl_verl.pipeline.stack import Split, task_indices
@@ -219,7 +219,7 @@ def warmed_up_model() -> Path:
     reach the multi-turn latency tail. Every seed of the bench starts from this one model, so pairs differ only in
     the training mode.
     """
-    from agentrl_verl.harness.tiny_model import default_cache_dir
+    from agentrl_verl.models.tiny import default_cache_dir
 
     tasks = [WARMUP_TASK]
     plan = plan_warmup(build_tiny_model(), DEMO, tasks, default_cache_dir() / "async_vs_sync")

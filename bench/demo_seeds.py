@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.settings import PipelineConfig, load_pipeline_config
+from agentrl_verl.presets import CONFIG_DIR
 from agentrl_verl.tools.compare import paired_changes, sign_test_p
 from bench.common import mean_and_se, run_processes
 

@@ -30,8 +30,8 @@ import asyncio, ray, verl
 from hydra import compose, initialize_config_dir
 from verl.plugin.platform import get_platform
 from verl.workers.rollout.replica import RolloutMode
-from agentrl_verl.harness.presets import CONFIG_DIR
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.presets import CONFIG_DIR
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.backends.hf_rollout.server import HFRolloutServer
 print("platform", get_platform().device_name)
 path = build_tiny_model()
@@ -59,8 +59,8 @@ spec = importlib.util.spec_from_file_location("arith", "$OLDPWD/tests/agentrl_ve
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 m.make_parquet("/tmp/train.parquet", 16); m.make_parquet("/tmp/val.parquet", 4, seed=1)
 EOF
-MODEL=$(python3 -c "from agentrl_verl.harness.tiny_model import build_tiny_model; print(build_tiny_model())")
-timeout 300 python3 -m verl.trainer.main_ppo --config-path "$OLDPWD/agentrl_verl/harness/presets" --config-name cpu_tiny \
+MODEL=$(python3 -c "from agentrl_verl.models.tiny import build_tiny_model; print(build_tiny_model())")
+timeout 300 python3 -m verl.trainer.main_ppo --config-path "$OLDPWD/agentrl_verl/presets" --config-name cpu_tiny \
   actor_rollout_ref.model.path="$MODEL" data.train_files=/tmp/train.parquet data.val_files=/tmp/val.parquet \
   reward.custom_reward_function.path="$OLDPWD/tests/agentrl_verl/e2e/arith_data.py" \
   ray_kwargs.ray_init.num_cpus=16 > "$OUT/main_ppo.txt" 2>&1

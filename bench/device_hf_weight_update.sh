@@ -3,7 +3,7 @@
 # Qwen2.5-1.5B's shape (and 0.5B's), through Ray's object store (the old path) and by CUDA IPC, in the same run.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   and the tiny model's tokenizer (the device cannot build it without the environment side's wheels):
-#   cp -r "$(.venv/bin/python -c 'from agentrl_verl.harness.tiny_model import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
+#   cp -r "$(.venv/bin/python -c 'from agentrl_verl.models.tiny import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
 # Run (device tool):  carry [".verl_bundle", ".bench_tokenizer"], command "bash bench/device_hf_weight_update.sh"
 # Results go to $OUT (weight_update_<shape>.txt).
 set -uo pipefail

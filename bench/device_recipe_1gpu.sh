@@ -7,7 +7,7 @@
 # (bench.gpu_recipe.smoke_stack).
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   the tiny model's tokenizer:
-#   cp -r "$(.venv/bin/python -c 'from agentrl_verl.harness.tiny_model import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
+#   cp -r "$(.venv/bin/python -c 'from agentrl_verl.models.tiny import build_tiny_model; print(build_tiny_model())')" .bench_tokenizer
 #   and the kg/webshop/alfworld wheels: bash bench/make_device_wheels.sh
 # Run (device tool):  carry [".verl_bundle", ".bench_tokenizer", ".device_wheels.tar.xz"],
 #                     command "bash bench/device_recipe_1gpu.sh" (RUN_TIMEOUT_S bounds the training run, default 480)

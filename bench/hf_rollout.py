@@ -35,7 +35,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if name == "tiny":
-        from agentrl_verl.harness.tiny_model import build_tiny_model
+        from agentrl_verl.models.tiny import build_tiny_model
 
         model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=dtype, attn_implementation="sdpa")
     elif name == "qwen2-0.5b":

@@ -64,8 +64,8 @@ def main(args: argparse.Namespace) -> dict[str, str]:
     from verl.workers.rollout.replica import RolloutMode
 
     from agentrl_verl.backends.hf_rollout.server import HFRolloutServer
-    from agentrl_verl.harness.presets import CONFIG_DIR
-    from agentrl_verl.harness.tiny_model import build_tiny_model
+    from agentrl_verl.models.tiny import build_tiny_model
+    from agentrl_verl.presets import CONFIG_DIR
 
     if not torch.cuda.is_available():
         raise SystemExit("bench.hf_weight_update needs a CUDA GPU (CUDA IPC is the path it measures)")

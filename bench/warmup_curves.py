@@ -5,7 +5,7 @@ expert demonstrations of every learnable task (jointly, as the demo trains on th
 evaluation through the training agent loop. The warm-up does not stop early: every ``--eval-every`` steps it plays
 the first ``--eval-indices`` held-out indices of each learnable task greedily. Usage::
 
-    python -m bench.warmup_curves --config agentrl_verl/harness/presets/demo_multitask.yaml [--steps 300]
+    python -m bench.warmup_curves --config agentrl_verl/presets/demo_multitask.yaml [--steps 300]
 
 Prints the demonstrations per family (count, seconds, tokens of an episode and of its prompt, turns), one row per
 evaluation, and as its last line
@@ -28,11 +28,12 @@ import time
 from pathlib import Path
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.harness.tiny_model import build_tiny_model
-from agentrl_verl.pipeline.cold_start import generate_demonstrations, supervised_warmup, tokenize_episode
+from agentrl_verl.models.tiny import build_tiny_model
+from agentrl_verl.pipeline.cold_start import supervised_warmup, tokenize_episode
 from agentrl_verl.pipeline.evaluation import evaluate_tasks
 from agentrl_verl.pipeline.settings import load_pipeline_config
 from agentrl_verl.pipeline.stack import Split, sessions, stack_config, task_indices
+from env_adapters.demonstrations import generate_demonstrations
 
 logger = logging.getLogger("bench.warmup_curves")
 

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     SearchEngine(products)
     index_s = time.perf_counter() - start
-    scores = task.shop.engine.bm25.scores
-    index_mb = sum(scores[k].nbytes for k in ("data", "indices", "indptr")) / 2**20
+    engine = task.shop.engine
+    index_mb = sum(getattr(engine, k).nbytes for k in ("post_docs", "post_freqs", "offsets", "idf", "norm_inverse",
+                                                        "id_rank")) / 2**20
     print(f"build: {len(products)} products, {len(task.shop.catalogue.goals)} goals in {build_s:.1f} s "
           f"(index alone {index_s:.1f} s, {index_mb:.0f} MiB of arrays); RSS {before:.0f} -> {after:.0f} MiB "
           f"(peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")

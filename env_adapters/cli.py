@@ -14,7 +14,7 @@ import sys
 COMMANDS = {
     "controller": ("env_adapters.controller", "run the central controller"),
     "worker": ("env_adapters.worker", "run a worker hosting one task"),
-    "up": ("env_adapters.launcher", "start a controller and workers from one YAML; Ctrl-C stops all"),
+    "up": ("env_adapters.up", "start a controller and workers from one YAML; Ctrl-C stops all"),
     "build-images": ("env_adapters.sandbox.images", "build the Docker images of the container tasks (cached)"),
 }
 

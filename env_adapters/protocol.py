@@ -50,3 +50,12 @@ class InteractResponse(BaseModel):
     status: SampleStatus
     messages: list[Message] = Field(default_factory=list)
     metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+def is_success(status: str, env_reward: float) -> bool:
+    """An episode succeeded when the environment ended it ``completed`` with full reward (1.0).
+
+    Partial rewards (a WebShop purchase that matches some attributes) count toward the mean reward, not success:
+    upstream's success rate is the share of full rewards.
+    """
+    return status == SampleStatus.COMPLETED.value and float(env_reward) >= 1.0

@@ -14,16 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_adapters.protocol import SampleStatus
-
-
-def is_success(status: str, env_reward: float) -> bool:
-    """An episode succeeded when the environment ended it ``completed`` with full reward (1.0).
-
-    Partial rewards (a WebShop purchase that matches some attributes) count toward the mean reward, not success:
-    upstream's success rate is the share of full rewards.
-    """
-    return status == SampleStatus.COMPLETED.value and float(env_reward) >= 1.0
+from env_adapters.protocol import is_success
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``agentrl-verl demo``: the first thing to run - agentic RL of a tiny model on CPU, end to end, no downloads.
 
-What it does, in order (settings: ``harness/presets/demo_run.yaml``, RL preset ``presets/demo/tiny.yaml``):
+What it does, in order (settings: ``presets/demo_run.yaml``, RL preset ``presets/demo/tiny.yaml``):
 
 1. Starts its own environment stack: a controller and workers of ``calc`` (learnable function calling), ``db``
    (DBBench on embedded SQLite) and ``os`` (OS interaction in Docker containers, when a daemon answers).
@@ -43,7 +43,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.harness.tiny_model import build_tiny_model, default_cache_dir, tiny_model_path
+from agentrl_verl.models.tiny import build_tiny_model, default_cache_dir, tiny_model_path
 from agentrl_verl.pipeline.cold_start import WarmupResult, device_setting
 from agentrl_verl.pipeline.evaluation import evaluate_held_out, held_out_changes
 from agentrl_verl.pipeline.launch import (

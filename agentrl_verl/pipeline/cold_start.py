@@ -1,12 +1,12 @@
-"""Cold start for models that cannot yet call tools: demonstrations and a supervised warm-up.
+"""Cold start for models that cannot yet call tools: a supervised warm-up on expert demonstrations.
 
 A randomly initialised model never emits a well-formed ``<tool_call>`` block, so RL alone gets no reward
 signal. As AgentRL does for such models, a short supervised warm-up on generated demonstrations comes
 first. Everything here is plain torch + transformers (the warm-up is an equivalent of verl's SFT trainer,
 kept in-process so that it can stop early on held-out success):
 
-1. :func:`generate_demonstrations` runs a task's real sessions in-process with a scripted expert
-   (the task's :meth:`~env_adapters.task.Task.expert`) and keeps the episodes it solved.
+1. :func:`~env_adapters.demonstrations.generate_demonstrations` runs a task's real sessions in-process with a
+   scripted expert and keeps the episodes it solved.
 2. :func:`tokenize_episode` renders an episode with the model's chat template and masks every token
    except the assistant's own (its content, tool calls and closing ``<|im_end|>``).
 3. :func:`supervised_warmup` trains on them with AdamW and checks greedy held-out success every few steps
@@ -18,7 +18,6 @@ kept in-process so that it can stop early on held-out success):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -27,88 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.core.episode import is_success
-from env_adapters.protocol import Index, Message, ToolSchema
-from env_adapters.task import Task, get_task_class, open_session
+from env_adapters.demonstrations import Episode
+from env_adapters.protocol import Message, ToolSchema
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 30.0
 """Seconds between the warm-up's progress lines when no held-out check falls in between."""
 
-Expert = Callable[[Task, Index, list[Message]], Message]
-"""A scripted policy: ``(task, index, messages so far) -> the next assistant message``."""
 
-
-# ---- demonstrations ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Episode:
-    """A finished episode: the full conversation, the tools offered, and the outcome."""
-
-    task: str
-    index: Index
-    messages: list[Message]
-    tools: list[ToolSchema]
-    reward: float
-    status: str
-
-    @property
-    def success(self) -> bool:
-        return is_success(self.status, self.reward)
-
-
-async def _demonstrate(task: Task, family: str, index: Index, expert: Expert, max_turns: int) -> Episode:
-    session = await open_session(task, index)
-    try:
-        result = await session.reset()
-        messages, tools = list(result.messages), list(result.tools or [])
-        for _ in range(max_turns):
-            if result.status.finished:
-                break
-            action = expert(task, index, messages)
-            messages.append(action)
-            result = await session.step(action)
-            messages.extend(result.messages)
-        return Episode(family, index, messages, tools, result.reward, result.status.value)
-    finally:
-        await session.close()
-
-
-def generate_demonstrations(family: str, indices: Sequence[Index], task_options: dict[str, Any] | None = None,
-                            expert: Expert | None = None, max_turns: int = 8) -> list[Episode]:
-    """Run ``family``'s real sessions in-process with a scripted expert and keep the solved episodes.
-
-    Args:
-        family: Registered task family (e.g. ``calc``).
-        indices: Sample indices to demonstrate (training indices only, never held-out ones).
-        task_options: Keyword options of the task (the same as the worker's, so problems match).
-        expert: Scripted policy; defaults to the task's own :meth:`~env_adapters.task.Task.expert`.
-        max_turns: Safety bound on the expert's turns per episode.
-
-    Returns:
-        The episodes the expert solved (a failed one is logged: it means the expert or the task is wrong).
-    """
-    task_class = get_task_class(family)
-    if expert is None and task_class.expert is Task.expert:
-        raise KeyError(f"task family {family!r} has no scripted expert (Task.expert); give one with expert=")
-
-    async def run_all() -> list[Episode]:
-        task = task_class(**(task_options or {}))
-        await task.setup()
-        try:
-            play = expert or (lambda task_, index, messages: task_.expert(index, messages))
-            return [await _demonstrate(task, family, i, play, max_turns) for i in indices]
-        finally:
-            await task.teardown()
-
-    episodes = asyncio.run(run_all())
-    solved = [e for e in episodes if e.success]
-    if len(solved) < len(episodes):
-        logger.warning("expert for %s failed %d of %d episodes (dropped)", family, len(episodes) - len(solved),
-                       len(episodes))
-    return solved
+# ---- tokenization -------------------------------------------------------------------------------------
 
 
 def tokenize_episode(tokenizer, messages: list[Message], tools: list[ToolSchema] | None) -> tuple[list[int], list[int]]:
@@ -133,8 +60,8 @@ def tokenize_episode(tokenizer, messages: list[Message], tools: list[ToolSchema]
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = _render(tokenizer, messages[:i], tools, add_generation_prompt=True)
-        full = _render(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        prompt = render_conversation(tokenizer, messages[:i], tools, add_generation_prompt=True)
+        full = render_conversation(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
         if not (prompt.startswith(rendered) and full.startswith(prompt)):
             raise ValueError(f"the chat template is not append-only at message {i}; cannot mask assistant turns")
         reply = full[len(prompt):]
@@ -142,13 +69,15 @@ def tokenize_episode(tokenizer, messages: list[Message], tools: list[ToolSchema]
         add(prompt[len(rendered):], 0)
         add(reply[:end], 1)
         rendered = prompt + reply[:end]
-    full = _render(tokenizer, messages, tools, add_generation_prompt=False)
+    full = render_conversation(tokenizer, messages, tools, add_generation_prompt=False)
     if len(full) > len(rendered):
         add(full[len(rendered):], 0)
     return ids, mask
 
 
-def _render(tokenizer, messages: list[Message], tools: list[ToolSchema] | None, add_generation_prompt: bool) -> str:
+def render_conversation(tokenizer, messages: list[Message], tools: list[ToolSchema] | None,
+                        add_generation_prompt: bool) -> str:
+    """``messages`` (and ``tools``, where any) rendered by the tokenizer's chat template, as text."""
     return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
 
@@ -238,7 +167,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
             rng.shuffle(order)
         batch = [data[order.pop()] for _ in range(config.batch_size)]
         model.train()
-        loss = _masked_lm_loss(model, batch, tokenizer.pad_token_id)
+        loss = masked_lm_loss(model, batch, tokenizer.pad_token_id)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -307,7 +236,7 @@ The loss is the same; a batch of 32 demonstrations of calc, kg, webshop and alfw
 2.4 s (2 threads of an idle 16-core machine; 4096 tokens: 1.05 s)."""
 
 
-def _masked_lm_loss(model, batch: list[Sample], pad_id: int, max_tokens: int = MICRO_BATCH_TOKENS):
+def masked_lm_loss(model, batch: list[Sample], pad_id: int, max_tokens: int = MICRO_BATCH_TOKENS):
     """Token-mean next-token loss over the tokens whose mask is 1, over length-sorted micro-batches of at most
     ``max_tokens`` padded tokens (one graph: the loss and gradient of the whole batch).
 
@@ -318,7 +247,7 @@ def _masked_lm_loss(model, batch: list[Sample], pad_id: int, max_tokens: int = M
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     device = head.weight.device
     loss = 0.0
-    for group in _length_groups(batch, max_tokens):
+    for group in length_groups(batch, max_tokens):
         width = max(len(ids) for ids, _ in group)
         ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in group], device=device)
         mask = torch.tensor([m + [0] * (width - len(m)) for _, m in group], device=device)
@@ -330,7 +259,7 @@ def _masked_lm_loss(model, batch: list[Sample], pad_id: int, max_tokens: int = M
     return loss / sum(sum(m[1:]) for _, m in batch)
 
 
-def _length_groups(batch: list[Sample], max_tokens: int) -> list[list[Sample]]:
+def length_groups(batch: list[Sample], max_tokens: int) -> list[list[Sample]]:
     """``batch`` sorted by length and cut where a group padded to its longest sequence would exceed ``max_tokens``
     (a longer sequence is a group of its own)."""
     groups: list[list[Sample]] = [[]]

@@ -46,7 +46,7 @@ def rl_command(model_dir: str, train: Path, val: Path, env_url: str, out: Path, 
                spec: RLSpec, seed: int = 0, start_model_wait_s: float = 0.0) -> list[str]:
     """The ``main_ppo`` command line of the RL phase; with ``start_model_wait_s`` its trainer waits that long for
     ``model_dir`` to appear (a run started before its warm-up ends)."""
-    from agentrl_verl.harness.presets import CONFIG_DIR
+    from agentrl_verl.presets import CONFIG_DIR
 
     python = vllm_cpu.vllm_python() if spec.engine == "vllm" else sys.executable
     return [
@@ -273,7 +273,7 @@ def rl_preset_values(spec: RLSpec, *extra: str):
     batch size)."""
     from hydra import compose, initialize_config_dir
 
-    from agentrl_verl.harness.presets import CONFIG_DIR
+    from agentrl_verl.presets import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         return compose(config_name=spec.preset(), overrides=[*spec.layers(), *spec.overrides, *extra])

@@ -1,6 +1,6 @@
 """The pipeline's settings: tasks, warm-up, held-out evaluation and the verl run, typed and validated.
 
-The embedded defaults are ``agentrl_verl/harness/presets/demo_run.yaml`` (the default demo's); any YAML of the same
+The embedded defaults are ``agentrl_verl/presets/demo_run.yaml`` (the default demo's); any YAML of the same
 shape (``demo_multitask.yaml``) and ``KEY=VALUE`` overrides go through :func:`load_pipeline_config`.
 """
 
@@ -16,11 +16,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from agentrl_verl.backends import vllm_cpu
-from agentrl_verl.harness.tiny_model import TinyModelSpec
+from agentrl_verl.models.tiny import TinyModelSpec
 from agentrl_verl.pipeline.cold_start import WarmupConfig, device_setting
 
 DEMO_LAYER = "+demo=tiny"
-"""The demo's layer on main_ppo's primary config (``agentrl_verl/harness/presets/demo/tiny.yaml``)."""
+"""The demo's layer on main_ppo's primary config (``agentrl_verl/presets/demo/tiny.yaml``)."""
 ENGINES = {"hf": {"cpu": "cpu_tiny", "cuda": "gpu_tiny"}, "vllm": {"cpu": vllm_cpu.PRESET}}
 """Rollout engine -> device -> main_ppo's primary config (presets/). verl's vLLM rollout runs here on the CPU only
 (``cpu_vllm``); on a GPU the demo serves with ``hf``."""
@@ -173,7 +173,7 @@ def load_pipeline_config(path: str | os.PathLike | None = None,
     Raises:
         ValueError: an unknown key or a value of the wrong type, named in the message.
     """
-    default = resources.files("agentrl_verl.harness.presets") / "demo_run.yaml"
+    default = resources.files("agentrl_verl.presets") / "demo_run.yaml"
     text = Path(path).read_text() if path else default.read_text()
     try:
         schema = OmegaConf.structured(PipelineConfig)

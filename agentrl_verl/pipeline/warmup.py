@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl_verl.pipeline.cold_start import WarmupResult, device_setting, generate_demonstrations, supervised_warmup
+from agentrl_verl.pipeline.cold_start import WarmupResult, device_setting, supervised_warmup
 from agentrl_verl.pipeline.evaluation import evaluate_tasks
 from agentrl_verl.pipeline.settings import PipelineConfig, TaskSpec
 from agentrl_verl.pipeline.stack import Split, sessions
 from agentrl_verl.pipeline.warmup_cache import build_whole, cache_path, cached_warmup
+from env_adapters.demonstrations import generate_demonstrations
 
 logger = logging.getLogger(__name__)
 

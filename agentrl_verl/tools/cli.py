@@ -8,7 +8,7 @@ import sys
 from env_adapters.cli import dispatch
 
 COMMANDS = {
-    "build-tiny-model": ("agentrl_verl.harness.tiny_model", "build (once, cached) the tiny offline model, tokenizer"),
+    "build-tiny-model": ("agentrl_verl.models.tiny", "build (once, cached) the tiny offline model, tokenizer"),
     "make-data": ("agentrl_verl.tools.data", "build verl parquet datasets from the tasks of a controller or a config"),
     "evaluate": ("agentrl_verl.tools.evaluate",
                  "evaluate with each turn drawn from a pool of OpenAI-compatible endpoints"),

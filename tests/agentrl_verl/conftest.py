@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl_verl.backends import vllm_cpu
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="session")

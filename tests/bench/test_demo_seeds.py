@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.evaluation import held_out_changes
 from agentrl_verl.pipeline.settings import load_pipeline_config
+from agentrl_verl.presets import CONFIG_DIR
 from agentrl_verl.tools.evaluate import EvalResult
 from bench import common, demo_seeds
 from bench.demo_seeds import (

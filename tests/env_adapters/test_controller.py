@@ -177,9 +177,9 @@ async def test_dead_worker_sessions_end_and_new_go_elsewhere(local_stack):
         survivor = b if doomed is a else a
         dead = next(w for w in stack.workers if w.address == victim.address)
         await dead.stop()
-        t0 = time.monotonic()
         reply = await env.interact(doomed.session_id, say("x"))  # connection refused -> ended at once
-        assert (reply.finish, reply.status) == (True, "task error") and time.monotonic() - t0 < 2
+        assert (reply.finish, reply.status) == (True, "task error")
+        assert "ConnectError" in reply.metrics["env_lost"]  # the refusal ended it, not an interact timeout
         assert (await env.interact(survivor.session_id, say("x"))).status == "running"
         for i in range(2):  # new sessions go to the remaining worker
             s = await env.start_sample("probe", i)

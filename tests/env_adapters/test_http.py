@@ -2,7 +2,6 @@
 and shutdown that never hangs."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -151,10 +150,9 @@ async def test_close_waits_for_requests_in_flight_only_up_to_grace(server):
     quick = asyncio.create_task(client.request("GET", f"{url}/api/slow?s=0.1"))
     stuck = asyncio.create_task(client.request("GET", f"{url}/api/slow?s=30"))
     await asyncio.sleep(0.05)
-    t0 = time.monotonic()
     await srv.close(grace=0.5)
-    assert time.monotonic() - t0 < 2
     assert (await quick).json() == {"slept": True}  # finished within the grace period and answered
+    assert not stuck.done()  # close did not wait for it: its 30 s are still running, its connection is being cut
     with pytest.raises(ServerDisconnectedError):
         await stuck
 
@@ -162,9 +160,8 @@ async def test_close_waits_for_requests_in_flight_only_up_to_grace(server):
 async def test_drain_cancels_what_outlives_grace():
     fast = asyncio.create_task(asyncio.sleep(0.01))
     stuck = asyncio.create_task(asyncio.sleep(30))
-    t0 = time.monotonic()
     await drain([fast, stuck], 0.2, "test task(s)")
-    assert time.monotonic() - t0 < 2 and fast.done() and not fast.cancelled() and stuck.cancelled()
+    assert fast.done() and not fast.cancelled() and stuck.cancelled()  # the stuck one was cut at the grace
 
 
 async def test_a_connection_the_server_closes_as_it_opens_is_a_connect_error(server, monkeypatch):

@@ -71,10 +71,10 @@ async def test_killed_worker_sessions_end_and_restart_is_used():
             victim = next(i for i, (label, proc) in enumerate(stack.workers)
                           if f"worker{i // 2}" in label and _serves(proc.pid, address))
             stack.kill_worker(victim)
-            t0 = time.monotonic()
             reply = await env.interact(a.session_id, STEP)
-            assert (reply.finish, reply.status) == (True, "task error") and time.monotonic() - t0 < 3
-            assert reply.metrics["env_lost"].startswith("worker ")  # the environment's doing, not the agent's
+            assert (reply.finish, reply.status) == (True, "task error")
+            # The environment's doing, not the agent's; found at once (refused), not after the interact timeout.
+            assert reply.metrics["env_lost"].startswith("worker ") and "ConnectError" in reply.metrics["env_lost"]
             assert (await env.interact(b.session_id, STEP)).status == "running"
             for i in range(3):  # new sessions go to the survivor
                 s = await env.start_sample("calc", i)

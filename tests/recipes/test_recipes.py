@@ -22,7 +22,7 @@ from verl.utils.config import validate_config
 
 from agentrl_verl.backends.hf_rollout.adapter import HF_ENGINE_KWARGS, ROLLOUT_ENGINE_KEY
 from agentrl_verl.core.config import ConfigError, validate_run_config
-from agentrl_verl.harness.presets import CONFIG_DIR
+from agentrl_verl.presets import CONFIG_DIR
 from env_adapters.launcher import load_config
 from env_adapters.protocol import SampleStatus
 from env_adapters.task import InvalidAction, get_task_class

@@ -53,13 +53,13 @@ MAX_CACHED_QUERY_CHARS = 16 * 1024
 """Longer queries are answered but not remembered: the task's own queries are far shorter, and a policy's calls on
 megabyte-long entity ids would otherwise each keep their query for good (42 such calls: +316 MiB)."""
 MAX_CACHE_BYTES = 128 * 1024 * 1024
-"""What the remembered answers may hold in all, estimated as :func:`_entry_bytes` counts them (least recently used
+"""What the remembered answers may hold in all, estimated as :func:`entry_bytes` counts them (least recently used
 dropped first; an answer larger than this is not remembered): a bound for any sequence of queries, where a count of
 entries alone bounds nothing when one answer can list a million values."""
 _STR_OVERHEAD = 56  # bytes of a CPython str object (and its tuple slot) besides its characters, about
 
 
-def _entry_bytes(query: str, answer: tuple[str, ...]) -> int:
+def entry_bytes(query: str, answer: tuple[str, ...]) -> int:
     return len(query) + _STR_OVERHEAD + sum(len(value) + _STR_OVERHEAD for value in answer)
 
 
@@ -108,13 +108,13 @@ class SparqlBackend(ABC):
         if done.cancelled() or done.exception() is not None:  # failures are not remembered: the next call retries
             return
         answer = tuple(done.result())
-        size = _entry_bytes(query, answer)
+        size = entry_bytes(query, answer)
         if size > self.cache_bytes:
             return
         self._cache[query], self.cached_bytes = answer, self.cached_bytes + size
         while len(self._cache) > self.cache_size or self.cached_bytes > self.cache_bytes:
             old_query, old_answer = self._cache.popitem(last=False)
-            self.cached_bytes -= _entry_bytes(old_query, old_answer)
+            self.cached_bytes -= entry_bytes(old_query, old_answer)
 
     @abstractmethod
     async def _select(self, query: str) -> list[str]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from env_adapters.protocol import Index, Message
 from env_adapters.tasks.kg.engine import PARAM_ORDER
-from env_adapters.tasks.kg.task import KGTask
+
+if TYPE_CHECKING:  # the task calls this expert: a run-time import would be a cycle
+    from env_adapters.tasks.kg.task import KGTask
 
 _ACTION = re.compile(r"^\s*(\w+)\((.*)\)\s*$")
 MAKES_VARIABLE = ("get_neighbors", "intersection", "argmax", "argmin", "count")

@@ -50,13 +50,13 @@ _POSSESSIVE = ("'s", "’s", "＇s")  # EnglishPossessiveFilter (after lower-cas
 _PORTER = PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS)
 
 
-def _terms(text: str) -> list[str]:
+def text_terms(text: str) -> list[str]:
     """The words Lucene's analyzer keeps of ``text``, before stemming."""
     words = (w[:-2] if w.endswith(_POSSESSIVE) else w for w in _WORD.findall(text.lower()))
     return [w for w in words if w not in STOP_WORDS]
 
 
-def _stem(word: str) -> str:
+def stem_word(word: str) -> str:
     return _PORTER.stem(word, to_lowercase=False)
 
 
@@ -67,7 +67,7 @@ def document_text(product: Product) -> str:
     return " ".join([product.name, product.description, first_feature, option_text]).lower()
 
 
-def _int_to_byte4(value: int) -> int:
+def int_to_byte4(value: int) -> int:
     """Lucene's ``SmallFloat.intToByte4``: a length in one byte, exact below 24, else four significant bits."""
     if value < _FREE:
         return value
@@ -76,7 +76,7 @@ def _int_to_byte4(value: int) -> int:
     return _FREE + (value if shift < 0 else ((value >> shift) & 0x07) | ((shift + 1) << 3))
 
 
-def _byte4_to_int(code: int) -> int:
+def byte4_to_int(code: int) -> int:
     """Lucene's ``SmallFloat.byte4ToInt``: the length a byte stands for."""
     if code < _FREE:
         return code
@@ -85,7 +85,7 @@ def _byte4_to_int(code: int) -> int:
 
 
 _FREE = 24  # 255 - longToInt4(Integer.MAX_VALUE): the byte values that stand for themselves
-LENGTH_TABLE = np.array([_byte4_to_int(code) for code in range(256)], dtype=np.float32)
+LENGTH_TABLE = np.array([byte4_to_int(code) for code in range(256)], dtype=np.float32)
 
 
 class SearchEngine:
@@ -101,9 +101,9 @@ class SearchEngine:
         terms, lengths = [], np.zeros(len(products), dtype=np.int64)
         for doc, product in enumerate(products):
             ids = []
-            for word in _terms(document_text(product)):
+            for word in text_terms(document_text(product)):
                 if word not in stems:
-                    stems[word] = self.vocab.setdefault(_stem(word), len(self.vocab))
+                    stems[word] = self.vocab.setdefault(stem_word(word), len(self.vocab))
                 ids.append(stems[word])
             terms.append(np.array(ids, dtype=np.int64))
             lengths[doc] = len(ids)
@@ -118,7 +118,7 @@ class SearchEngine:
                             dtype=np.float64).astype(np.float32)
         avgdl = np.float32(lengths.sum() / n_docs) or np.float32(1)  # an empty catalogue scores nothing
         cache = np.float32(1) / (K1 * ((np.float32(1) - B) + B * LENGTH_TABLE / avgdl))
-        self.norm_inverse = cache[[_int_to_byte4(int(n)) for n in lengths]].astype(np.float32)
+        self.norm_inverse = cache[[int_to_byte4(int(n)) for n in lengths]].astype(np.float32)
         # Ties go by the ASIN's bytes (Lucene compares the id field's UTF-8).
         order = sorted(range(len(products)), key=lambda i: products[i].asin.encode())
         self.id_rank = np.empty(len(products), dtype=np.int64)
@@ -127,7 +127,7 @@ class SearchEngine:
     def search(self, query: str, k: int) -> list[int]:
         """Document ids of the ``k`` best matches of ``query`` (fewer when fewer documents match)."""
         # Stemmed afresh: a cache would grow with every new word of every query.
-        boosts = Counter(t for t in (self.vocab.get(_stem(w)) for w in _terms(query)) if t is not None)
+        boosts = Counter(t for t in (self.vocab.get(stem_word(w)) for w in text_terms(query)) if t is not None)
         if not boosts:
             return []
         total = np.zeros(len(self.id_rank), dtype=np.float64)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
 FACTS = Path(__file__).with_name("vllm_cpu_facts.py")

@@ -15,7 +15,7 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform
 
 from agentrl_verl.backends import platform_cpu
 from agentrl_verl.backends.platform_cpu import PlatformCPU, accelerator_present
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.skipif(accelerator_present(), reason="the CPU platform activates only without accelerators")
 

@@ -23,8 +23,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from agentrl_verl.backends import vllm_cpu
-from agentrl_verl.harness.presets import CONFIG_DIR
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
+from agentrl_verl.presets import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
 GiB = 1 << 30

@@ -16,7 +16,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core import agent_loop
 from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop, EnvironmentOutage
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from env_adapters.client import EnvRequestError, EnvUnavailable, StartedSession
 from env_adapters.protocol import InteractResponse, SampleStatus
 from env_adapters.task import function_tool

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl_verl.core import agent_loop
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
 

@@ -195,7 +195,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
     from transformers import AutoTokenizer
 
-    from agentrl_verl.harness.tiny_model import build_tiny_model
+    from agentrl_verl.models.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("fixed_models")
     actor = build_tiny_model()

@@ -179,7 +179,7 @@ async def test_agent_loop_records_policy_version_and_behaviour_logprobs_per_turn
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop
-    from agentrl_verl.harness.tiny_model import build_tiny_model
+    from agentrl_verl.models.tiny import build_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model())
     current, stale = ScriptedPolicy(tokenizer, -0.25, version=9), ScriptedPolicy(tokenizer, -3.0, version=8)

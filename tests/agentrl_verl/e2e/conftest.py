@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.launch import RAY_START_TIMEOUT
+from agentrl_verl.presets import CONFIG_DIR
 from env_adapters.launcher import EnvStack
 
 HERE = Path(__file__).parent

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 from env_adapters.http import auth_headers
 

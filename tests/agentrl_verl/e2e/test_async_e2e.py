@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_verl.core.cross_policy import stale_version
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.tools.data import make_row
 
 pytestmark = pytest.mark.slow
@@ -209,7 +209,7 @@ def two_models(tmp_path_factory) -> tuple[Path, Path]:
     """Two tiny models with different weight seeds and the same tokenizer (the loop is token-in/token-out)."""
     from transformers import AutoTokenizer
 
-    from agentrl_verl.harness.tiny_model import TinyModelSpec, build_model
+    from agentrl_verl.models.tiny import TinyModelSpec, build_model
 
     first = build_tiny_model()
     tokenizer = AutoTokenizer.from_pretrained(first)

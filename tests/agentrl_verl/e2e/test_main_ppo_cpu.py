@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

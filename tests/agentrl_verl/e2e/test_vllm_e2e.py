@@ -16,7 +16,7 @@ import pytest
 
 from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.core.cross_policy import stale_version
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.tools.cli import main as agentrl_verl_cli
 
 RUN_TIMEOUT_S = 1200  # a hang guard: vLLM's start-up alone takes minutes on a loaded 2-core machine

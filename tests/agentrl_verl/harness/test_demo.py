@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from agentrl_verl.harness.demo import DemoProgress, headline, stop_reason, summary_table, write_summary
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.cold_start import WarmupResult
 from agentrl_verl.pipeline.evaluation import held_out_changes
 from agentrl_verl.pipeline.launch import RLStopped
 from agentrl_verl.pipeline.settings import RLSpec, load_pipeline_config
+from agentrl_verl.presets import CONFIG_DIR
 from agentrl_verl.tools.evaluate import EvalResult
 from env_adapters.sandbox.containers import docker_available
 
@@ -128,7 +128,7 @@ def _run_demo(out: Path, *args: str) -> str:
 PLUMBING_RL_STEPS = 3
 """RL steps of the suite's default-demo run: the embedded settings at plumbing size. Whether RL raises held-out
 success is measured by the full default run over seeds (``python -m bench.demo_seeds --config
-agentrl_verl/harness/presets/demo_run.yaml --seeds 0 1``, docs/demo.md), which takes longer than the suite may:
+agentrl_verl/presets/demo_run.yaml --seeds 0 1``, docs/demo.md), which takes longer than the suite may:
 at 40 RL steps one run took 999-1371 s of the suite's time, and 20 steps is not enough evidence for one run."""
 
 

@@ -1,4 +1,4 @@
-"""Cold start, fast parts: demonstrations from the real ``calc`` task, their tokenization and loss mask, and the
+"""Cold start, fast parts: the tokenization and loss mask of demonstrations from the real ``calc`` task, and the
 supervised warm-up's optimisation and stopping rule."""
 
 from __future__ import annotations
@@ -12,43 +12,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl_verl.pipeline import cold_start
 from agentrl_verl.pipeline.cold_start import (
-    Episode,
     WarmupConfig,
-    generate_demonstrations,
     supervised_warmup,
     tokenize_episode,
 )
+from env_adapters.demonstrations import Episode, generate_demonstrations
 
 
 @pytest.fixture(scope="module")
 def demos():
     return generate_demonstrations("calc", range(20), {"size": 50})
-
-
-def test_demonstrations_solve_the_real_task(demos):
-    assert len(demos) == 20
-    for demo in demos:
-        assert demo.success and demo.reward == 1.0
-        roles = [m["role"] for m in demo.messages]
-        assert roles == ["user", "assistant", "tool", "assistant"]
-        assert [m["tool_calls"][0]["function"]["name"] for m in demo.messages if m["role"] == "assistant"] == [
-            "calculate", "submit"]
-        assert {t["function"]["name"] for t in demo.tools} == {"calculate", "submit"}
-
-
-@pytest.mark.parametrize("family, options", [("kg", {"preset": "easy", "prompt": "short", "size": 40}),
-                                             ("webshop", {"preset": "easy"}),
-                                             ("alfworld", {"task_types": ["pick_and_place_simple"],
-                                                           "max_receptacles": 3, "distractors": 0, "size": 20})])
-def test_each_family_demonstrates_with_its_own_expert(family, options):
-    demos = generate_demonstrations(family, range(10, 20), options)
-    assert [d.index for d in demos] == list(range(10, 20))
-    assert all(d.success and d.task == family and d.messages[-1]["role"] in ("assistant", "tool") for d in demos)
-
-
-def test_a_family_without_an_expert_is_named():
-    with pytest.raises(KeyError, match="'db' has no scripted expert"):
-        generate_demonstrations("db", range(2))
 
 
 def test_loss_mask_covers_exactly_the_assistant_tokens(tokenizer, demos):
@@ -129,16 +102,16 @@ def test_warmup_evaluates_every_step_once_success_starts_and_stops_in_the_window
 def test_micro_batches_by_length_give_the_loss_and_gradient_of_the_whole_batch(model_dir, tokenizer, demos):
     import torch
 
-    from agentrl_verl.pipeline.cold_start import _length_groups, _masked_lm_loss
+    from agentrl_verl.pipeline.cold_start import length_groups, masked_lm_loss
 
     short = [tokenize_episode(tokenizer, d.messages, d.tools) for d in demos[:6]]
     batch = [*short, (short[0][0] * 3, short[0][1] * 3), (short[1][0] * 5, short[1][1] * 5)]  # three lengths
-    assert [len(g) for g in _length_groups(batch, 8 * len(short[0][0]))] == [6, 1, 1]
+    assert [len(g) for g in length_groups(batch, 8 * len(short[0][0]))] == [6, 1, 1]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     results = []
     for max_tokens in (10**9, 1):  # one padded batch; every sequence on its own
         model.zero_grad()
-        loss = _masked_lm_loss(model, batch, tokenizer.pad_token_id, max_tokens)
+        loss = masked_lm_loss(model, batch, tokenizer.pad_token_id, max_tokens)
         loss.backward()
         results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from agentrl_verl.backends import vllm_cpu
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.launch import rl_preset_values
 from agentrl_verl.pipeline.settings import CPU_PLATFORM_ENV, RLSpec, load_pipeline_config
+from agentrl_verl.presets import CONFIG_DIR
 
 DEMO_RUN = Path(CONFIG_DIR) / "demo_run.yaml"
 MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
@@ -39,7 +39,7 @@ def test_settings_load_validate_and_override():
 
 
 def test_the_model_shape_is_a_setting_of_tinymodelspec_fields():
-    from agentrl_verl.harness.tiny_model import TinyModelSpec
+    from agentrl_verl.models.tiny import TinyModelSpec
 
     assert load_pipeline_config().model == TinyModelSpec()
     config = load_pipeline_config(None, ["model.hidden_size=128", "model.num_hidden_layers=2"])
@@ -58,7 +58,8 @@ def test_demonstrations_per_task_default_to_the_demos_count():
 def test_multitask_settings_give_each_family_demonstrations_and_room_for_its_episodes(tokenizer):
     """Every family of the multi-task demo is learnable, has training indices for its demonstrations, and its
     expert's episodes fit the evaluation's and the RL run's budgets (prompt, response, turns, tokens per turn)."""
-    from agentrl_verl.pipeline.cold_start import generate_demonstrations, tokenize_episode
+    from agentrl_verl.pipeline.cold_start import tokenize_episode
+    from env_adapters.demonstrations import generate_demonstrations
     from env_adapters.task import get_task_class
 
     config = load_pipeline_config(MULTITASK)

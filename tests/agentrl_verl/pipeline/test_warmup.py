@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_verl.harness.presets import CONFIG_DIR
 from agentrl_verl.pipeline.settings import load_pipeline_config
 from agentrl_verl.pipeline.warmup import warmup_settings
 from agentrl_verl.pipeline.warmup_cache import cache_key
+from agentrl_verl.presets import CONFIG_DIR
 
 MULTITASK = Path(CONFIG_DIR) / "demo_multitask.yaml"
 

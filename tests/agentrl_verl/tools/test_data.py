@@ -58,7 +58,7 @@ def test_cli_from_config_reads_with_verl_dataset(tmp_path):
     from transformers import AutoTokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from agentrl_verl.harness.tiny_model import build_tiny_model
+    from agentrl_verl.models.tiny import build_tiny_model
 
     stack = tmp_path / "stack.yaml"
     stack.write_text(yaml.safe_dump({"workers": [{"task": "calc", "name": "calc-a", "options": {"size": 40}},

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import Endpoint
-from agentrl_verl.pipeline.cold_start import generate_demonstrations, tokenize_episode
+from agentrl_verl.pipeline.cold_start import tokenize_episode
 from agentrl_verl.tools.evaluate import (
     EvalResult,
     OpenAIEndpointClient,
@@ -25,6 +25,7 @@ from agentrl_verl.tools.evaluate import (
     parse_endpoint,
     run_episodes,
 )
+from env_adapters.demonstrations import generate_demonstrations
 from env_adapters.launcher import EnvStack
 
 CALC = {"seed": 0, "size": 50}

@@ -95,8 +95,11 @@ def test_stop_process_kills_what_ignores_sigterm():
 
 
 def test_free_port_can_be_bound():
+    port = free_port()
+    assert 1024 <= port <= 65535
     with socket.socket() as s:
-        s.bind(("127.0.0.1", free_port()))
+        s.bind(("127.0.0.1", port))  # raises OSError if the port were taken
+        assert s.getsockname()[1] == port
 
 
 def test_a_port_is_taken_while_a_socket_holds_it_bound_or_listening():

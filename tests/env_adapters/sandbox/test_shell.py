@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 docker = pytest.importorskip("docker")
@@ -52,15 +50,13 @@ def test_timeout_kills_the_command_but_keeps_the_shell(shell):
     shell.run("cd /etc")
     result = shell.run("sleep 60", timeout=1)
     assert result.timed_out and result.exit_code is None and not result.restarted
-    assert result.seconds < 10
     assert shell.run("pwd").output == "/etc\n"
 
 
-def test_endless_output_is_cut_and_killed_quickly(shell):
-    t0 = time.monotonic()
+def test_endless_output_is_cut_and_killed_at_the_flood_limit(shell):
     result = shell.run("yes", timeout=30, keep_bytes=1000, flood_bytes=100_000)
-    assert result.flooded and result.truncated and len(result.output) == 1000
-    assert time.monotonic() - t0 < 10
+    # Killed by the flood limit (flooded), not left to run to its 30 s timeout (timed_out).
+    assert result.flooded and not result.timed_out and result.truncated and len(result.output) == 1000
     assert shell.run("echo alive").output == "alive\n"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -32,12 +31,10 @@ async def test_hostile_sql_stays_inside_its_session(task, tool_call):
         assert "Access denied" in await run(f"DROP DATABASE `{victim.db.name}`")
         assert "Access denied" in await run("SET GLOBAL max_connections = 1")
         assert "Access denied" in await run("CREATE DATABASE other")
-        start = time.monotonic()
         assert "timed out after 1 s" in await run("SELECT SLEEP(1000)")
         # The agent may lift its own session limit; the watchdog still kills the statement.
         await run("SET SESSION max_statement_time = 0")
         assert "timed out after 1 s" in await run("SELECT SLEEP(1000)")
-        assert time.monotonic() - start < 8
         assert await run("SELECT 1") == "[(1,)]"
         reply = await victim.step(tool_call("execute_sql", query="SELECT count(*) FROM skyscrapers_in_Columbus"))
         assert reply.messages[0]["content"] != "[(0,)]" and not reply.messages[0]["content"].startswith("Error")

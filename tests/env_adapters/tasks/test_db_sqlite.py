@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import time
 
 import pytest
 
@@ -86,9 +85,7 @@ async def test_runaway_statement_is_interrupted_and_session_goes_on(task, tool_c
     session, _ = await started(task, 3)
     try:
         forever = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
-        start = time.monotonic()
         reply = await session.step(tool_call("execute_sql", query=forever))
-        assert time.monotonic() - start < 5
         assert "timed out after 0.5 s" in reply.messages[0]["content"]
         reply = await session.step(tool_call("execute_sql", query="SELECT 2"))
         assert rows_of(reply) == [(2,)]

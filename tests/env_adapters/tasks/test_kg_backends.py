@@ -17,7 +17,7 @@ from env_adapters.tasks.kg.backends import (
     EndpointBackend,
     QueryTooCostly,
     SparqlBackend,
-    _entry_bytes,
+    entry_bytes,
 )
 from env_adapters.tasks.kg.sexpr import FB
 
@@ -74,7 +74,7 @@ async def test_remembered_answers_stay_within_their_byte_bound_whatever_their_si
         await store.select(f"q{i}")
         assert store.cached_bytes <= 300_000
     assert list(store._cache) == [f"q{i}" for i in range(45, 50)]
-    assert store.cached_bytes == sum(_entry_bytes(q, tuple(a)) for q, a in store._cache.items())
+    assert store.cached_bytes == sum(entry_bytes(q, tuple(a)) for q, a in store._cache.items())
     store.width = 10_000
     assert len(await store.select("huge")) == 10_000 and "huge" not in store._cache
     assert list(store._cache)[-1] == "q49"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import pytest_asyncio
@@ -105,9 +104,7 @@ async def test_messages_without_a_valid_tool_call_are_invalid_actions(open_sessi
 
 async def test_endless_output_and_timeouts_are_cut_and_reported(open_session):
     session = await open_session(13)
-    t0 = time.monotonic()
     result, out = await bash(session, "cd /tmp; yes")
-    assert time.monotonic() - t0 < TIMEOUT_S + 5
     assert len(out) < 1000 and "truncated" in out and "too much output" in out
     assert result.status is SampleStatus.RUNNING
     result, out = await bash(session, "sleep 60")
@@ -128,7 +125,6 @@ async def test_hostile_commands_stay_inside_their_session(task, open_session):
             await asyncio.sleep(0.5)
 
     async def fork_bomb():
-        t0 = time.monotonic()
         result, out = await bash(bomb, ":(){ :|:& };:")
         for _ in range(4):
             if result.status.finished:
@@ -141,7 +137,6 @@ async def test_hostile_commands_stay_inside_their_session(task, open_session):
             assert "stopped responding" in out
         else:
             assert out.startswith("bin\n") and "usr" in out, out
-        assert time.monotonic() - t0 < 5 * (TIMEOUT_S + 10)
 
     async def rm_rf():
         result, out = await bash(wrecked, "rm -rf --no-preserve-root / >/dev/null 2>&1")

@@ -10,7 +10,7 @@ import pytest
 
 from env_adapters.tasks.webshop.catalogue import Catalogue
 from env_adapters.tasks.webshop.generator import GeneratorConfig, generate_catalogue
-from env_adapters.tasks.webshop.search import SearchEngine, _byte4_to_int, _int_to_byte4, _stem, _terms
+from env_adapters.tasks.webshop.search import SearchEngine, byte4_to_int, int_to_byte4, stem_word, text_terms
 
 DATA = Path(__file__).parent / "data"
 RECORDING = json.loads((DATA / "webshop_pyserini.json").read_text())["catalogues"]
@@ -44,13 +44,13 @@ def test_the_analyzer_keeps_what_lucenes_english_analyzer_keeps():
         "tempshield™ 500°f": ["tempshield", "™", "500", "f"],
     }
     for text, lucene in cases.items():
-        assert [_stem(w) for w in _terms(text)] == lucene, text
+        assert [stem_word(w) for w in text_terms(text)] == lucene, text
 
 
 def test_lengths_are_stored_in_one_byte_as_lucene_stores_them():
-    codes = [_int_to_byte4(n) for n in range(100_000)]
+    codes = [int_to_byte4(n) for n in range(100_000)]
     assert codes[:24] == list(range(24))  # exact below 24
     assert codes == sorted(codes) and max(codes) < 256
     for n, code in enumerate(codes):  # each byte stands for the largest length it covers from below
-        assert _byte4_to_int(code) <= n < (_byte4_to_int(code + 1) if code < 255 else 2**31)
-    assert _byte4_to_int(_int_to_byte4(40)) == 40 and _byte4_to_int(_int_to_byte4(41)) == 40  # lossy above
+        assert byte4_to_int(code) <= n < (byte4_to_int(code + 1) if code < 255 else 2**31)
+    assert byte4_to_int(int_to_byte4(40)) == 40 and byte4_to_int(int_to_byte4(41)) == 40  # lossy above

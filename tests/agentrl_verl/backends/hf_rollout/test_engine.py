@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl_verl.backends.hf_rollout.engine import HFGenerationEngine, PrefixCache
 from agentrl_verl.backends.hf_rollout.sampling import SamplingParams, sample_tokens
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, logprobs=True)
 

@@ -19,8 +19,8 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry
 from agentrl_verl.backends.hf_rollout.adapter import HFServerAdapter, bucketed_sender
 from agentrl_verl.backends.hf_rollout.replica import HFReplica
 from agentrl_verl.backends.hf_rollout.server import HFRolloutServer
-from agentrl_verl.harness.presets import CONFIG_DIR
-from agentrl_verl.harness.tiny_model import build_tiny_model
+from agentrl_verl.models.tiny import build_tiny_model
+from agentrl_verl.presets import CONFIG_DIR
 
 
 def test_registered_in_both_verl_registries():

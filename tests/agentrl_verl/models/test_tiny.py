@@ -4,7 +4,7 @@ import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl_verl.harness.tiny_model import TinyModelSpec, build_tiny_model, tiny_model_path
+from agentrl_verl.models.tiny import TinyModelSpec, build_tiny_model, tiny_model_path
 
 TOOLS = [
     {"type": "function", "function": {"name": "calculate", "parameters": {"properties": {"expression": {}}}}},
@@ -59,14 +59,15 @@ def test_chat_template_renders_tools_calls_and_responses(model_dir):
 def test_tokenizer_renders_the_families_compactly(tokenizer):
     """The corpus holds the families' episodes: their text gets merges of its own rather than byte-level pieces
     (with generic text only: 2.2-2.9 bytes a token on these episodes)."""
-    from agentrl_verl.harness.tiny_model import CORPUS_EPISODES, corpus_families
-    from agentrl_verl.pipeline.cold_start import _render, generate_demonstrations
+    from agentrl_verl.models.tiny import CORPUS_EPISODES, corpus_families
+    from agentrl_verl.pipeline.cold_start import render_conversation
+    from env_adapters.demonstrations import generate_demonstrations
 
     for family, options, indices in CORPUS_EPISODES:
         if family not in corpus_families():
             continue
         for episode in generate_demonstrations(family, range(indices.stop, indices.stop + 2), options):
-            text = _render(tokenizer, episode.messages, episode.tools, add_generation_prompt=False)
+            text = render_conversation(tokenizer, episode.messages, episode.tools, add_generation_prompt=False)
             assert len(text.encode()) / len(tokenizer.encode(text)) > 3.1, (family, episode.index)
 
 

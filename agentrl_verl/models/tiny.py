@@ -120,7 +120,7 @@ def _corpus(families: Sequence[str]) -> list[str]:
 
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from agentrl_verl.pipeline.cold_start import generate_demonstrations
+    from env_adapters.demonstrations import generate_demonstrations
 
     texts = []
     data = resources.files("env_adapters") / "data" / "agentbench"

@@ -1,0 +1,1 @@
+"""Model directories the pipeline starts from, built offline and cached: the tiny model (:mod:`.tiny`)."""
