@@ -31,6 +31,8 @@ TRAIN_REQUIRES = [
 # The `alfworld` task: ALFWorld's TextWorld engine (builds Fast Downward from source, a few minutes; no THOR/torch
 # pieces).
 ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
+# `agentrl-verl build-model smollm2`: transformers reads the GGUF file of SmolLM2-135M-Instruct through it.
+SMOLLM2_REQUIRES = ["gguf>=0.10"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "pytest-xdist>=3.6",
                  "hypothesis", "ruff", "import-linter>=2.17"]
@@ -45,7 +47,7 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["agentrl_verl", "agentrl_verl.*", "env_adapters", "env_adapters.*"]),
     package_data={
-        "agentrl_verl": ["presets/*.yaml", "presets/**/*.yaml"],
+        "agentrl_verl": ["presets/*.yaml", "presets/**/*.yaml", "models/templates/*.jinja"],
         "env_adapters": ["data/agentbench/**/*", "data/agentbench/*", "sandbox/images/*", "configs/*.yaml",
                          "tasks/os_interaction/scripts/*/*"],
     },
@@ -56,8 +58,9 @@ setup(
         "train": TRAIN_REQUIRES,
         "test": TEST_REQUIRES,
         "alfworld": ALFWORLD_REQUIRES,
+        "smollm2": SMOLLM2_REQUIRES,
         "docs": DOCS_REQUIRES,
-        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES + DOCS_REQUIRES,
+        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES + SMOLLM2_REQUIRES + DOCS_REQUIRES,
     },
     entry_points={
         "console_scripts": [

@@ -7,9 +7,10 @@ run's processes, most of which never look them up. verl swallows plugin import e
 are logged here at ERROR level before being re-raised (to the import that triggered them), and
 ``tests/agentrl_verl/test_plugin.py`` asserts that registration really happens.
 
-Each module in :data:`COMPONENTS` has an idempotent ``register()`` function. The plugin calls it for those needed on
-``import verl``; the others call it themselves at the end of their module, so that importing one registers it, also
-when it is imported before verl (its own import of verl then fires the hook while it is still half-loaded).
+The plugin calls the idempotent ``register()`` of the modules needed on ``import verl``; the others register when
+imported (by a ``register()`` they call at their end, or by a registry's decorator, as the agent loop does), so that
+importing one registers it, also when it is imported before verl (its own import of verl then fires the hook while
+it is still half-loaded).
 """
 
 from __future__ import annotations

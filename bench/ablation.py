@@ -183,7 +183,8 @@ def warmed_up_model(config: PipelineConfig, base: Path | None = None) -> Path:
     kept under ``$AGENTRL_CACHE_DIR/ablation/``; its ``warmup.json`` holds the warm-up's history. ``base``: the tiny
     model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds another tokenizer, so
     there it is carried)."""
-    from agentrl_verl.models.tiny import build_tiny_model, default_cache_dir
+    from agentrl_verl.models.cache import default_cache_dir
+    from agentrl_verl.models.tiny import build_tiny_model
 
     base = base or build_tiny_model()
     plan = plan_warmup(base, config, config.tasks, default_cache_dir() / "ablation")

@@ -219,7 +219,7 @@ def warmed_up_model() -> Path:
     reach the multi-turn latency tail. Every seed of the bench starts from this one model, so pairs differ only in
     the training mode.
     """
-    from agentrl_verl.models.tiny import default_cache_dir
+    from agentrl_verl.models.cache import default_cache_dir
 
     tasks = [WARMUP_TASK]
     plan = plan_warmup(build_tiny_model(), DEMO, tasks, default_cache_dir() / "async_vs_sync")

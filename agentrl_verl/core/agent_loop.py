@@ -43,8 +43,14 @@ from verl.experimental.agent_loop.agent_loop import register as register_agent_l
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.experimental.agent_loop.tool_parser import logger as tool_parser_logger
 from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.utils.tokenizer.continuous_token_wiring import (
+    ContinuousTokenModelFamily,
+    create_continuous_token_builder,
+    infer_continuous_token_model_family,
+)
 from verl.workers.rollout.replica import TokenOutput
 
+from agentrl_verl.core.chat_template import check_chat_template, check_episode_tools, is_chatml
 from agentrl_verl.core.config import AGENT_NAME, AgentConfig, EnvConfig, agentrl_config, with_overrides
 from agentrl_verl.core.cross_policy import TurnLog, current_policy_versions
 from agentrl_verl.core.episode import EpisodeRecord
@@ -121,6 +127,19 @@ class Episode:
         self.status = status
 
 
+# The chat template of each tokenizer, checked once per process (a loop is built per sample): whether it is ChatML.
+_TEMPLATES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _checked_chatml(tokenizer: Any) -> bool:
+    """:func:`~agentrl_verl.core.chat_template.check_chat_template` (raising for a template that cannot train an
+    agent), then whether the template is ChatML."""
+    if tokenizer not in _TEMPLATES:
+        check_chat_template(tokenizer)
+        _TEMPLATES[tokenizer] = is_chatml(tokenizer)
+    return _TEMPLATES[tokenizer]
+
+
 # One controller client per agent-loop worker process and event loop (verl builds a loop per sample).
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, EnvClient]] = weakref.WeakKeyDictionary()
 
@@ -172,6 +191,14 @@ class AgentRLAgentLoop(AgentLoopBase):
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
         self.eos_token_id = self.tokenizer.eos_token_id
+        if _checked_chatml(self.tokenizer) and infer_continuous_token_model_family(
+                hf_model_type=hf_model_type) is ContinuousTokenModelFamily.DEFAULT:
+            # A ChatML template on an architecture verl does not map to a token builder (SmolLM2 is `llama`): the
+            # turn ends at <|im_end|>, where generation stops, and the template's newline after it is the
+            # environment's first token, as verl's Qwen builder inserts it (the default builder would drop it).
+            self.continuous_token_builder = create_continuous_token_builder(
+                self.tokenizer, model_family=ContinuousTokenModelFamily.QWEN,
+                chat_template_kwargs=self.apply_chat_template_kwargs, processor=self.processor)
 
     @property
     def env(self):
@@ -237,6 +264,7 @@ class AgentRLAgentLoop(AgentLoopBase):
         episode.tools = list(started.tools or [])
         prompt_ids = await self.loop.run_in_executor(
             None, lambda: self.continuous_token_builder.build_initial_tokens(episode.messages, tools=episode.tools))
+        check_episode_tools(self.tokenizer, prompt_ids, episode.tools, f"episode {episode.task}/{episode.index}")
         episode.prompt_ids = list(prompt_ids)
         episode.token_ids = list(prompt_ids)
         if len(prompt_ids) > self.prompt_length or len(prompt_ids) >= self.options.max_total_tokens:
@@ -414,7 +442,3 @@ def _openai_tool_call(call: FunctionCall, default_id: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
-
-
-def register() -> None:
-    """Called by :mod:`agentrl_verl.plugin`; importing this module registers ``agentrl_agent`` with verl."""

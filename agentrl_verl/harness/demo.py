@@ -43,7 +43,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.models.tiny import build_tiny_model, default_cache_dir, tiny_model_path
+from agentrl_verl.models.cache import default_cache_dir
+from agentrl_verl.models.tiny import build_tiny_model, tiny_model_path
 from agentrl_verl.pipeline.cold_start import WarmupResult, device_setting
 from agentrl_verl.pipeline.evaluation import evaluate_held_out, held_out_changes
 from agentrl_verl.pipeline.launch import (

@@ -12,18 +12,17 @@ schemas: a model with a few million parameters and short contexts learns far fas
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from agentrl_verl.models.cache import build_directory, default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +79,6 @@ class TinyModelSpec:
     intermediate_size: int = 512
     max_position_embeddings: int = 4096
     seed: int = 0
-
-
-def default_cache_dir() -> Path:
-    """``$AGENTRL_CACHE_DIR`` or ``~/.cache/agentrl_verl``."""
-    return Path(os.environ.get("AGENTRL_CACHE_DIR", Path.home() / ".cache" / "agentrl_verl"))
 
 
 # Expert episodes the tokenizer is trained on, rendered as the model sees them: (family, task options, indices).
@@ -224,23 +218,16 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
     target = tiny_model_path(cache_dir, spec)
     if (target / "config.json").exists():
         return target
-    root = target.parent
-    root.mkdir(parents=True, exist_ok=True)
     logger.info("building tiny model and tokenizer in %s", target)
-    families = corpus_families()
-    tokenizer = build_tokenizer(spec, families)
+    tokenizer = build_tokenizer(spec, corpus_families())
     model = build_model(spec, tokenizer)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
-    try:
-        tokenizer.save_pretrained(tmp)
-        model.save_pretrained(tmp)
-        _check_reload(tmp, tokenizer)
-        tmp.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():  # a concurrent builder did not win the race either
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def save(directory: Path) -> None:
+        tokenizer.save_pretrained(directory)
+        model.save_pretrained(directory)
+        _check_reload(directory, tokenizer)
+
+    build_directory(target, save)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("tiny model ready: %s (%.2fM parameters, vocab %d)", target, n_params / 1e6, len(tokenizer))
     return target
@@ -254,15 +241,3 @@ def _check_reload(path: Path, tokenizer) -> None:
     reloaded = AutoTokenizer.from_pretrained(path)
     if reloaded(sample)["input_ids"] != tokenizer(sample)["input_ids"]:
         raise RuntimeError(f"tokenizer ids change after reload from {path}; the pre-tokenizer no longer matches")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", default=None, help="where to keep models (default: $AGENTRL_CACHE_DIR "
-                        "or ~/.cache/agentrl_verl)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-
-
-def run(args: argparse.Namespace) -> int:
-    path = build_tiny_model(args.cache_dir, TinyModelSpec(seed=args.seed))
-    logger.info("tiny model: %s", path)
-    return 0

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentrl_verl.models.cache import build_directory
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ def cache_path(root: Path, name: str, settings: dict[str, Any]) -> Path:
 
 
 def build_whole(target: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``build`` into a temporary directory beside ``target`` and rename it to ``target`` once complete, with
-    :data:`METADATA`: a reader (a verl run waiting for its start model) sees the model whole or not at all.
+    """Run ``build`` into a directory that appears at ``target`` whole, with :data:`METADATA`
+    (:func:`~agentrl_verl.models.cache.build_directory`): a reader (a verl run waiting for its start model) sees the
+    model whole or not at all.
 
     Returns:
         What ``build`` returned. A build that raises (or is interrupted) leaves nothing at ``target``.
@@ -59,21 +60,16 @@ def build_whole(target: Path, build: Callable[[Path], dict[str, Any]]) -> dict[s
     Raises:
         OSError: ``target`` could not be put in place (it exists, and is no complete model).
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-    try:
-        metadata = build(tmp)
-        (tmp / METADATA).write_text(json.dumps(metadata))
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-            # Another process built the same model meanwhile: the same settings, so either copy will do.
-            logger.info("warm-up: %s was built meanwhile; using it", target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return metadata
+    done: dict[str, Any] = {}
+
+    def build_with_metadata(directory: Path) -> None:
+        done.update(build(directory))
+        (directory / METADATA).write_text(json.dumps(done))
+
+    build_directory(target, build_with_metadata)
+    if not done:  # another process built it meanwhile: its metadata is what there is
+        done.update(json.loads((target / METADATA).read_text()))
+    return done
 
 
 def cached_warmup(root: Path, name: str, settings: dict[str, Any],

@@ -1,4 +1,4 @@
-"""``agentrl-verl``: the training side (tiny model, datasets, the demo run)."""
+"""``agentrl-verl``: the training side (model directories, datasets, evaluation, the demo run)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from env_adapters.cli import dispatch
 
 COMMANDS = {
-    "build-tiny-model": ("agentrl_verl.models.tiny", "build (once, cached) the tiny offline model, tokenizer"),
+    "build-model": ("agentrl_verl.tools.build_model", "build (once, cached) a model directory: tiny, smollm2"),
     "make-data": ("agentrl_verl.tools.data", "build verl parquet datasets from the tasks of a controller or a config"),
     "evaluate": ("agentrl_verl.tools.evaluate",
                  "evaluate with each turn drawn from a pool of OpenAI-compatible endpoints"),

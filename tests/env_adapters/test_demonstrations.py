@@ -23,7 +23,7 @@ def test_demonstrations_solve_the_real_task(demos):
         assert {t["function"]["name"] for t in demo.tools} == {"calculate", "submit"}
 
 
-@pytest.mark.parametrize("family, options", [("kg", {"preset": "easy", "prompt": "short", "size": 40}),
+@pytest.mark.parametrize("family, options", [("db", {}), ("kg", {"preset": "easy", "prompt": "short", "size": 40}),
                                              ("webshop", {"preset": "easy"}),
                                              ("alfworld", {"task_types": ["pick_and_place_simple"],
                                                            "max_receptacles": 3, "distractors": 0, "size": 20})])
@@ -34,5 +34,5 @@ def test_each_family_demonstrates_with_its_own_expert(family, options):
 
 
 def test_a_family_without_an_expert_is_named():
-    with pytest.raises(KeyError, match="'db' has no scripted expert"):
-        generate_demonstrations("db", range(2))
+    with pytest.raises(KeyError, match="'os' has no scripted expert"):
+        generate_demonstrations("os", range(2))
