@@ -181,12 +181,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def warmed_up_model(config: PipelineConfig, base: Path | None = None) -> Path:
     """The tiny model after the pipeline's supervised warm-up on ``config``'s tasks (:func:`warm_up`), built once and
     kept under ``$AGENTRL_CACHE_DIR/ablation/``; its ``warmup.json`` holds the warm-up's history. ``base``: the tiny
-    model to start from (default: :func:`build_tiny_model`'s; a machine without alfworld builds another tokenizer, so
+    model to start from (default: the workload's ``model``; a machine without alfworld builds another tokenizer, so
     there it is carried)."""
     from agentrl_verl.models.cache import default_cache_dir
-    from agentrl_verl.models.tiny import build_tiny_model
 
-    base = base or build_tiny_model()
+    base = base or config.model.build()
     plan = plan_warmup(base, config, config.tasks, default_cache_dir() / "ablation")
     if not (plan.path / "config.json").exists():
         logger.info("warm-up on %s", ", ".join(t.name for t in config.tasks))

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
-from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.pipeline.launch import exported_actor, read_jsonl, rl_command, run_main_ppo
 from agentrl_verl.pipeline.settings import RLSpec, TaskSpec, load_pipeline_config
 from agentrl_verl.pipeline.stack import Split, task_indices
@@ -222,7 +221,7 @@ def warmed_up_model() -> Path:
     from agentrl_verl.models.cache import default_cache_dir
 
     tasks = [WARMUP_TASK]
-    plan = plan_warmup(build_tiny_model(), DEMO, tasks, default_cache_dir() / "async_vs_sync")
+    plan = plan_warmup(DEMO.model.build(), DEMO, tasks, default_cache_dir() / "async_vs_sync")
     if not (plan.path / "config.json").exists():
         logger.info("warm-up: supervised, on calc")
         with EnvStack(tasks_stack_config(tasks)) as stack:

@@ -45,7 +45,6 @@ from verl.experimental.agent_loop.tool_parser import logger as tool_parser_logge
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.tokenizer.continuous_token_wiring import (
     ContinuousTokenModelFamily,
-    create_continuous_token_builder,
     infer_continuous_token_model_family,
 )
 from verl.workers.rollout.replica import TokenOutput
@@ -127,17 +126,29 @@ class Episode:
         self.status = status
 
 
-# The chat template of each tokenizer, checked once per process (a loop is built per sample): whether it is ChatML.
-_TEMPLATES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# Per tokenizer and model type, once per process (a loop is built per sample): the model type that picks the token
+# builder, after the chat template was checked.
+_TEMPLATES: weakref.WeakKeyDictionary[Any, dict[str | None, str | None]] = weakref.WeakKeyDictionary()
+CHATML_MODEL_TYPE = "qwen2"
+"""The model type whose token builder (verl's Qwen one) handles ChatML's turn boundary."""
 
 
-def _checked_chatml(tokenizer: Any) -> bool:
+def _token_model_type(tokenizer: Any, hf_model_type: str | None) -> str | None:
     """:func:`~agentrl_verl.core.chat_template.check_chat_template` (raising for a template that cannot train an
-    agent), then whether the template is ChatML."""
-    if tokenizer not in _TEMPLATES:
+    agent), then the model type verl picks the continuous-token builder by: ``hf_model_type``, except for a ChatML
+    template on an architecture verl maps to no builder (SmolLM2 is ``llama``). There the turn ends at <|im_end|>,
+    where generation stops, and the template's newline after it must be the environment's first token, as verl's
+    Qwen builder inserts it: the default builder would drop it."""
+    known = _TEMPLATES.setdefault(tokenizer, {})
+    if hf_model_type not in known:
         check_chat_template(tokenizer)
-        _TEMPLATES[tokenizer] = is_chatml(tokenizer)
-    return _TEMPLATES[tokenizer]
+        chatml_unmapped = is_chatml(tokenizer) and infer_continuous_token_model_family(
+            hf_model_type=hf_model_type) is ContinuousTokenModelFamily.DEFAULT
+        if chatml_unmapped:
+            logger.info("ChatML chat template on model type %r: verl's Qwen token builder handles its turn "
+                        "boundaries", hf_model_type)
+        known[hf_model_type] = CHATML_MODEL_TYPE if chatml_unmapped else hf_model_type
+    return known[hf_model_type]
 
 
 # One controller client per agent-loop worker process and event loop (verl builds a loop per sample).
@@ -178,7 +189,7 @@ class AgentRLAgentLoop(AgentLoopBase):
         **options: Any,
     ) -> None:
         super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
-                         hf_model_type=hf_model_type)
+                         hf_model_type=_token_model_type(tokenizer, hf_model_type))
         agentrl = agentrl_config(self.config)
         self.options: AgentConfig = with_overrides(agentrl.agent, options, "agentrl.agent")
         self.env_url = env_url or agentrl.env.url
@@ -191,14 +202,6 @@ class AgentRLAgentLoop(AgentLoopBase):
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
         self.eos_token_id = self.tokenizer.eos_token_id
-        if _checked_chatml(self.tokenizer) and infer_continuous_token_model_family(
-                hf_model_type=hf_model_type) is ContinuousTokenModelFamily.DEFAULT:
-            # A ChatML template on an architecture verl does not map to a token builder (SmolLM2 is `llama`): the
-            # turn ends at <|im_end|>, where generation stops, and the template's newline after it is the
-            # environment's first token, as verl's Qwen builder inserts it (the default builder would drop it).
-            self.continuous_token_builder = create_continuous_token_builder(
-                self.tokenizer, model_family=ContinuousTokenModelFamily.QWEN,
-                chat_template_kwargs=self.apply_chat_template_kwargs, processor=self.processor)
 
     @property
     def env(self):

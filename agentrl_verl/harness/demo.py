@@ -44,7 +44,6 @@ from omegaconf import OmegaConf
 
 from agentrl_verl.harness.threads import relaunch_with_demo_threads
 from agentrl_verl.models.cache import default_cache_dir
-from agentrl_verl.models.tiny import build_tiny_model, tiny_model_path
 from agentrl_verl.pipeline.cold_start import WarmupResult, device_setting
 from agentrl_verl.pipeline.evaluation import evaluate_held_out, held_out_changes
 from agentrl_verl.pipeline.launch import (
@@ -58,8 +57,9 @@ from agentrl_verl.pipeline.launch import (
     write_datasets,
 )
 from agentrl_verl.pipeline.settings import ENGINES, PipelineConfig, load_pipeline_config
-from agentrl_verl.pipeline.stack import Split, sessions, stack_config, task_indices
+from agentrl_verl.pipeline.stack import Split, resolve_backends, sessions, stack_config, task_indices
 from agentrl_verl.pipeline.warmup import plan_warmup, warm_up
+from agentrl_verl.presets import CONFIG_DIR
 from agentrl_verl.tools.evaluate import EvalResult
 from env_adapters.sandbox.containers import docker_available
 
@@ -68,20 +68,26 @@ logger = logging.getLogger(__name__)
 # ---- the report ---------------------------------------------------------------------------------------
 
 
-def summary_table(tasks: dict[str, Any]) -> str:
-    """A Markdown table of :func:`~agentrl_verl.pipeline.evaluation.held_out_changes`' result, with a note on tasks
-    the tiny model is not expected to learn."""
-    lines = ["| task | eval | held-out | success before RL | success after RL | change |",
-             "| --- | --- | --- | --- | --- | --- |"]
+def summary_table(tasks: dict[str, Any], tiny: bool = True) -> str:
+    """A Markdown table of :func:`~agentrl_verl.pipeline.evaluation.held_out_changes`' result (success +- its standard
+    error), with the zero-shot column where the base model was evaluated, and, for the ``tiny`` model, a note on the
+    tasks it is not expected to learn."""
+    base = any("success_base" in row[mode] for row in tasks.values() for mode in ("greedy", "sampled") if mode in row)
+    head = "| task | eval | held-out |" + (" zero-shot |" if base else "")
+    lines = [head + " success before RL | success after RL | change |",
+             "| --- " * (6 + base) + "|"]
     for task, row in tasks.items():
         for mode in ("greedy", "sampled"):
             if mode in row:
                 r = row[mode]
-                after = (f"{r['success_after']:.3f} | {r['success_change']:+.3f}" if "success_after" in r
-                         else "- | -")
-                lines.append(f"| {task} | {mode} | {row['held_out']} | {r['success_before']:.3f} | {after} |")
+                after = (f"{r['success_after']:.3f} ± {r['se_after']:.3f} | {r['success_change']:+.3f}"
+                         if "success_after" in r else "- | -")
+                zero = f" {r['success_base']:.3f} ± {r['se_base']:.3f} |" if "success_base" in r else \
+                    (" - |" if base else "")
+                lines.append(f"| {task} | {mode} | {row['held_out']} |{zero} {r['success_before']:.3f} ± "
+                             f"{r['se_before']:.3f} | {after} |")
     hard = [t for t, row in tasks.items() if not row["learnable"]]
-    if hard:
+    if hard and tiny:
         lines.append("")
         what = "a real AgentBench task family" if len(hard) == 1 else "real AgentBench task families"
         lines.append(f"{', '.join(hard)}: {what}; a 1.6M-parameter model trained for minutes is expected to stay "
@@ -131,12 +137,16 @@ class DemoProgress:
     started: float = field(default_factory=time.monotonic)
     timings: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    """How a task was set up where its settings left a choice (db's ``backend: auto``), by task name."""
     tasks: list[str] = field(default_factory=list)
     learnable: list[str] = field(default_factory=list)
     demonstrations: int = 0
     warm: WarmupResult | None = None
     warmup_cache: dict[str, Any] | None = None
     """With ``warmup.reuse``: the cached model's ``dir`` and whether it was ``reused`` (else built by this run)."""
+    base: dict[str, dict[str, EvalResult]] | None = None
+    """With ``eval.base``: the model the run starts from, zero-shot (before its warm-up)."""
     before: dict[str, dict[str, EvalResult]] | None = None
     after: dict[str, dict[str, EvalResult]] | None = None
     command: list[str] = field(default_factory=list)
@@ -156,12 +166,13 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
     rl_history = read_jsonl(metrics_file) if metrics_file.exists() else []
     progress.timings["total_s"] = round(time.monotonic() - progress.started, 1)
     with open(out / "trajectories.jsonl", "w") as f:
-        for phase, results in (("before_rl", progress.before), ("after_rl", progress.after)):
+        for phase, results in (("base", progress.base), ("before_rl", progress.before), ("after_rl", progress.after)):
             for mode, per_task in (results or {}).items():
                 for result in per_task.values():
                     for episode in result.episodes:
                         f.write(json.dumps({"phase": phase, "eval": mode, **episode}) + "\n")
-    per_task = held_out_changes(progress.before, progress.after, progress.learnable) if progress.before else {}
+    per_task = (held_out_changes(progress.before, progress.after, progress.learnable, progress.base)
+                if progress.before else {})
     warm = progress.warm
     files = {"table": "summary.md", "trajectories": "trajectories.jsonl", "rl_rollouts": "rollouts/",
              "rl_log": "verl.log"}
@@ -175,6 +186,7 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
         "stopped_because": stopped_because,
         "tasks": per_task,
         "skipped_tasks": progress.skipped,
+        "task_notes": progress.notes,
         "warmup": None if warm is None else {"steps": warm.steps, "held_out_success": warm.success,
                                              "device": warm.device, "history": warm.history,
                                              "demonstrations": progress.demonstrations,
@@ -191,8 +203,11 @@ def write_summary(progress: DemoProgress, stopped_because: str | None = None) ->
         done = [name.removesuffix("_s") for name in progress.timings if name != "total_s"]
         head += (f"**Stopped early**: {stopped_because}\n\nPhases done: {', '.join(done) or 'none'}; RL steps done: "
                  f"{len(rl_history)}/{config.rl.steps}.\n\n")
-    table = summary_table(per_task) if per_task else "(no held-out evaluation yet)"
-    (out / "summary.md").write_text(f"{head}{table}\n\n{warmup_line(progress)}Timings (s): "
+    table = summary_table(per_task, tiny=config.model.name == "tiny") if per_task else "(no held-out evaluation yet)"
+    tasks_line = "".join(f"{name}: {why}.\n" for name, why in {**progress.notes, **{
+        name: f"left out ({why})" for name, why in progress.skipped.items()}}.items())
+    (out / "summary.md").write_text(f"{head}Model: `{config.model.name}`.\n\n{table}\n\n"
+                                    f"{tasks_line + chr(10) if tasks_line else ''}{warmup_line(progress)}Timings (s): "
                                     f"{json.dumps(progress.timings)}\n")
     logger.info("summary (%s):\n%s", out / "summary.json", table)
     return summary
@@ -243,7 +258,7 @@ def _run_phases(progress: DemoProgress) -> None:
     from env_adapters.launcher import EnvStack
 
     out, config = progress.out, progress.config
-    tasks = list(config.tasks)
+    tasks, progress.notes = resolve_backends(config.tasks)
     if any(t.needs_docker for t in tasks) and not docker_available():
         progress.skipped = {t.name: "no Docker daemon answers" for t in tasks if t.needs_docker}
         tasks = [t for t in tasks if not t.needs_docker]
@@ -252,7 +267,7 @@ def _run_phases(progress: DemoProgress) -> None:
 
     eval_device = device_setting(config.warmup.device, "warmup.device")
     t = time.monotonic()
-    model_dir = tiny_model_path(spec=config.model)  # built after verl's launch, which does not read it
+    model_dir = config.model.path()  # built after verl's launch, which does not read it
 
     env_logs = out / "env_logs"
     env_logs.mkdir(exist_ok=True)
@@ -264,7 +279,8 @@ def _run_phases(progress: DemoProgress) -> None:
         def evaluate(path: str | Path) -> dict[str, dict[str, EvalResult]]:
             # Where the warm-up trains (on a GPU, the CPU's cores stay with verl's processes beside it).
             return evaluate_held_out(stack.url, path, tokenizer, split.held_out, config.eval, sessions(tasks),
-                                     device=eval_device, seed=config.seed)
+                                     device=eval_device, seed=config.seed,
+                                     repeats={t.name: t.eval_repeats for t in tasks})
 
         # The warm-up model's directory is known before it exists, and appears whole: where the warm-up trains on a
         # GPU, verl's run starts first (rl.start_with_warmup) and its start-up - processes importing verl one after
@@ -282,9 +298,12 @@ def _run_phases(progress: DemoProgress) -> None:
         try:
             if early:
                 rl.start()
-            build_tiny_model(spec=config.model)
+            config.model.build()
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             t = progress.lap("build_model_s", t)
+            if config.eval.base:
+                progress.base = evaluate(model_dir)
+                t = progress.lap("eval_base_s", t)
             warm = warm_up(plan, stack.url, split)
             if plan.cache is not None:
                 progress.warmup_cache = {"dir": str(plan.path), "reused": warm.reused}
@@ -306,9 +325,31 @@ def _run_phases(progress: DemoProgress) -> None:
         progress.lap("eval_after_s", t)
 
 
+SETTINGS = {"tiny": "demo_run.yaml", "smollm2": "demo_smollm2.yaml"}
+"""``--model`` -> its embedded settings (``agentrl_verl/presets/``)."""
+
+
+def cpu_smoke(config: PipelineConfig) -> list[str]:
+    """Overrides that shrink a real model's run to a smoke that a CPU finishes in minutes: two held-out indices and a
+    few demonstrations per task, two warm-up steps, greedy evaluation only, two RL steps of two groups of two."""
+    per_task = [f"tasks.{i}.{key}" for i in range(len(config.tasks)) for key in ("held_out=2", "eval_repeats=1",
+                                                                                 "demonstrations=4")]
+    return [*per_task, "demonstrations=4", "warmup.max_steps=2", "warmup.batch_size=4", "warmup.eval_every=2",
+            "eval.warmup_indices=2", "eval.sampled=false", "rl.steps=2",
+            f"rl.overrides=[{','.join([*config.rl.overrides, *CPU_SMOKE_RL])}]"]
+
+
+CPU_SMOKE_RL = ("data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2")
+"""The verl run's size in :func:`cpu_smoke`."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="outputs/demo", help="where results go (default outputs/demo)")
-    parser.add_argument("--config", default=None, help="demo settings YAML (default: the embedded demo_run.yaml)")
+    parser.add_argument("--model", choices=sorted(SETTINGS), default="tiny",
+                        help="tiny: the 1.6M-parameter offline model on the CPU (default); smollm2: "
+                             "SmolLM2-135M-Instruct on all five families, for one GPU (on a CPU: a small smoke)")
+    parser.add_argument("--config", default=None, help="demo settings YAML (default: the embedded settings of --model)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a demo setting, e.g. --set rl.steps=20 (repeatable)")
     parser.add_argument("--rl-override", dest="rl_overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -322,7 +363,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_pipeline_config(args.config, args.overrides)
+    settings = args.config or Path(CONFIG_DIR) / SETTINGS[args.model]
+    config = load_pipeline_config(settings, args.overrides)
+    if config.model.name != "tiny" and config.rl.resolved_device() == "cpu":
+        logger.warning("model %s on the CPU: the full run is sized for one GPU (%d RL steps, %d held-out indices in "
+                       "all; hours on a CPU, see docs/demo.md). Running its CPU smoke instead (--set overrides "
+                       "still apply): %s", config.model.name, config.rl.steps,
+                       sum(t.held_out for t in config.tasks), " ".join(cpu_smoke(config)))
+        config = load_pipeline_config(settings, [*cpu_smoke(config), *args.overrides])
     config.rl.overrides = [*config.rl.overrides, *args.rl_overrides]
     if args.engine:
         config.rl.engine = args.engine

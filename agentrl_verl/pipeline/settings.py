@@ -7,7 +7,7 @@ shape (``demo_multitask.yaml``) and ``KEY=VALUE`` overrides go through :func:`lo
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,14 @@ from agentrl_verl.backends import vllm_cpu
 from agentrl_verl.models.tiny import TinyModelSpec
 from agentrl_verl.pipeline.cold_start import WarmupConfig, device_setting
 
-DEMO_LAYER = "+demo=tiny"
-"""The demo's layer on main_ppo's primary config (``agentrl_verl/presets/demo/tiny.yaml``)."""
+LAYERS = ("tiny", "smollm2")
+"""The RL layers over main_ppo's primary config, ``+demo=<layer>`` (``agentrl_verl/presets/demo/<layer>.yaml``): the
+settings of the tiny model's run and of SmolLM2-135M-Instruct's."""
 ENGINES = {"hf": {"cpu": "cpu_tiny", "cuda": "gpu_tiny"}, "vllm": {"cpu": vllm_cpu.PRESET}}
 """Rollout engine -> device -> main_ppo's primary config (presets/). verl's vLLM rollout runs here on the CPU only
 (``cpu_vllm``); on a GPU the demo serves with ``hf``."""
 DEVICE_LAYERS = {"cuda": "+demo/device=gpu"}
-"""Device -> the demo's layer for it, over :data:`DEMO_LAYER` (``presets/demo/device/``)."""
+"""Device -> the demo's layer for it, over :attr:`RLSpec.layer`'s (``presets/demo/device/``)."""
 CPU_PLATFORM_ENV = {"AGENTRL_PLATFORM": "cpu", "VERL_PLATFORM": "cpu"}
 """What makes verl take the CPU platform on a host that has a GPU (agentrl_verl.backends.platform_cpu)."""
 
@@ -47,10 +48,51 @@ class TaskSpec:
     learnable: bool = False
     demonstrations: int | None = None
     needs_docker: bool = False
+    eval_repeats: int = 1
+    """Sampled evaluation plays each held-out index this many times (for families with few items, e.g. db)."""
 
     def demonstration_count(self, default: int) -> int:
         """Expert episodes of the warm-up: 0 unless learnable, else :attr:`demonstrations` or ``default``."""
         return 0 if not self.learnable else default if self.demonstrations is None else self.demonstrations
+
+
+@dataclass(frozen=True)
+class ModelSpec(TinyModelSpec):
+    """The model a run starts from: ``tiny`` (the tiny model, of the shape in the inherited fields), ``smollm2``
+    (SmolLM2-135M-Instruct, :mod:`agentrl_verl.models.smollm2`), or the path of any Hugging Face model directory."""
+
+    name: str = "tiny"
+
+    def tiny_shape(self) -> TinyModelSpec:
+        """The tiny model's shape and seed."""
+        return TinyModelSpec(**{f.name: getattr(self, f.name) for f in fields(TinyModelSpec)})
+
+    def path(self) -> Path:
+        """The model's directory, known before it is built (a verl run can be launched with it and wait)."""
+        from agentrl_verl.models.smollm2 import smollm2_path
+        from agentrl_verl.models.tiny import tiny_model_path
+
+        if self.name == "tiny":
+            return tiny_model_path(spec=self.tiny_shape())
+        return smollm2_path() if self.name == "smollm2" else Path(self.name).resolve()
+
+    def build(self) -> Path:
+        """Build (once, cached) ``tiny`` or ``smollm2``; check that a directory holds a model.
+
+        Raises:
+            ValueError: ``name`` is neither a known model nor a directory with a ``config.json``.
+        """
+        from agentrl_verl.models.smollm2 import build_smollm2
+        from agentrl_verl.models.tiny import build_tiny_model
+
+        if self.name == "tiny":
+            return build_tiny_model(spec=self.tiny_shape())
+        if self.name == "smollm2":
+            return build_smollm2()
+        if not (self.path() / "config.json").exists():
+            raise ValueError(f"model.name={self.name!r}: not tiny, smollm2 or a Hugging Face model directory "
+                             "(no config.json there)")
+        return self.path()
 
 
 @dataclass
@@ -58,6 +100,8 @@ class EvalSpec:
     """How held-out evaluation plays episodes (the training agent loop, see :mod:`agentrl_verl.tools.evaluate`)."""
 
     warmup_indices: int = 100
+    base: bool = False
+    """Also evaluate the model the run starts from, before its warm-up (zero-shot)."""
     sampled: bool = True
     temperature: float = 0.8
     max_turns: int = 4
@@ -67,7 +111,7 @@ class EvalSpec:
 
 @dataclass
 class RLSpec:
-    """The verl run: training steps, stall detection, extra Hydra overrides of the ``+demo=tiny`` layer, the engine.
+    """The verl run: training steps, stall detection, its layer and extra Hydra overrides over it, the engine.
 
     ``stall_s`` is no limit on the run's length (its speed depends on the machine): the run is stopped only when it
     has neither finished a step nor printed a line for that long.
@@ -75,6 +119,8 @@ class RLSpec:
 
     steps: int = 40
     stall_s: float = 900.0
+    layer: str = "tiny"
+    """The RL settings over the primary preset, one of :data:`LAYERS` (the model's: tiny or smollm2)."""
     overrides: list[str] = field(default_factory=list)
     engine: str = "hf"  # or "vllm": verl's vLLM rollout on CPU, run from .venv-vllm (bash scripts/setup.sh --vllm)
     device: str = "auto"  # cuda (one GPU: the trainer and both rollout replicas), cpu, or auto (cuda where torch sees
@@ -127,9 +173,15 @@ class RLSpec:
         return ENGINES[self.engine][device]
 
     def layers(self) -> list[str]:
-        """The demo's layers on :meth:`preset`: :data:`DEMO_LAYER`, then the device's (:data:`DEVICE_LAYERS`)."""
+        """The layers on :meth:`preset`: ``+demo=<layer>``, then the device's (:data:`DEVICE_LAYERS`).
+
+        Raises:
+            ValueError: an unknown :attr:`layer`.
+        """
+        if self.layer not in LAYERS:
+            raise ValueError(f"rl.layer={self.layer!r}: use one of {', '.join(LAYERS)}")
         device = self.resolved_device()
-        return [DEMO_LAYER, *([DEVICE_LAYERS[device]] if device in DEVICE_LAYERS else [])]
+        return [f"+demo={self.layer}", *([DEVICE_LAYERS[device]] if device in DEVICE_LAYERS else [])]
 
     def platform_env(self) -> dict[str, str]:
         """Environment of the verl run: on the CPU, verl's CPU platform also where a GPU is present."""
@@ -153,8 +205,8 @@ class WarmupSpec(WarmupConfig):
 
 @dataclass
 class PipelineConfig:
-    """A run of the pipeline: its tasks, the warm-up's demonstrations and settings, the held-out evaluation, the verl
-    run, and the tiny model's shape (where the run starts from the tiny model)."""
+    """A run of the pipeline: the model it starts from, its tasks, the warm-up's demonstrations and settings, the
+    held-out evaluation and the verl run."""
 
     seed: int = 0
     tasks: list[TaskSpec] = field(default_factory=list)
@@ -162,8 +214,8 @@ class PipelineConfig:
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
     rl: RLSpec = field(default_factory=RLSpec)
-    model: TinyModelSpec = field(default_factory=TinyModelSpec)
-    """The tiny model's shape (built once per shape and cached)."""
+    model: ModelSpec = field(default_factory=ModelSpec)
+    """The model the run starts from (built once and cached)."""
 
 
 def load_pipeline_config(path: str | os.PathLike | None = None,
@@ -177,7 +229,7 @@ def load_pipeline_config(path: str | os.PathLike | None = None,
     text = Path(path).read_text() if path else default.read_text()
     try:
         schema = OmegaConf.structured(PipelineConfig)
-        OmegaConf.set_readonly(schema.model, False)  # TinyModelSpec is frozen; its fields are settings here
+        OmegaConf.set_readonly(schema.model, False)  # ModelSpec is frozen (a TinyModelSpec); its fields are settings
         merged = OmegaConf.merge(schema, OmegaConf.create(text))
         for override in overrides or []:
             key, sep, value = override.partition("=")

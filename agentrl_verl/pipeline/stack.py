@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrl_verl.pipeline.settings import TaskSpec
@@ -48,6 +48,22 @@ class Split:
                                  f"(held_out: {t.held_out}); lower held_out")
         return cls({t.name: indices[t.name][: t.held_out] for t in tasks},
                    {t.name: indices[t.name][t.held_out:] for t in tasks})
+
+
+def resolve_backends(tasks: Sequence[TaskSpec]) -> tuple[list[TaskSpec], dict[str, str]]:
+    """``tasks`` with db's ``backend: auto`` resolved: ``mysql`` (a private MariaDB server, every item) where MariaDB's
+    server is installed, else ``sqlite`` (the SELECT-like items); and a note per resolved task saying which."""
+    from env_adapters.sandbox.mariadb import mariadb_available
+
+    resolved, notes = [], {}
+    for task in tasks:
+        if task.family == "db" and task.options.get("backend") == "auto":
+            backend = "mysql" if mariadb_available() else "sqlite"
+            notes[task.name] = ("backend mysql: MariaDB's server is installed" if backend == "mysql" else
+                                "backend sqlite: no MariaDB server here (only the SELECT-like items)")
+            task = replace(task, options={**task.options, "backend": backend})
+        resolved.append(task)
+    return resolved, notes
 
 
 def sessions(tasks: Sequence[TaskSpec]) -> dict[str, int]:

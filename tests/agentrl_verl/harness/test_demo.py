@@ -40,14 +40,22 @@ def test_summary_compares_before_and_after_per_task():
     assert tasks["calc"]["greedy"]["success_before"] == 0.25 and tasks["calc"]["greedy"]["success_after"] == 0.75
     assert tasks["calc"]["greedy"]["success_change"] == 0.5 and tasks["calc"]["held_out"] == 4
     table = summary_table(tasks)
-    assert "| calc | greedy | 4 | 0.250 | 0.750 | +0.500 |" in table
+    assert tasks["calc"]["greedy"]["se_before"] == pytest.approx((0.25 * 0.75 / 4) ** 0.5)
+    assert "| calc | greedy | 4 | 0.250 ± 0.217 | 0.750 ± 0.217 | +0.500 |" in table
     assert "db: a real AgentBench task family" in table  # says why the real tasks stay near zero
     summary = {"tasks": tasks, "timings_s": {"total_s": 412.3}}
     assert headline(summary) == "calc_greedy_before=0.250 calc_greedy_after=0.750 db_greedy_before=0.000 " \
                                 "db_greedy_after=0.000 total_s=412"
     before_only = held_out_changes(before, None, learnable=["calc"])
     assert "success_after" not in before_only["calc"]["greedy"]
-    assert "| calc | greedy | 4 | 0.250 | - | - |" in summary_table(before_only)
+    assert "| calc | greedy | 4 | 0.250 ± 0.217 | - | - |" in summary_table(before_only)
+    # The base model's zero-shot success gets a column of its own; a real model gets no tiny-model note.
+    zero_shot = held_out_changes(before, after, learnable=["calc"], base={"greedy": {
+        "calc": _result("calc", [False] * 4), "db": _result("db", [False, False])}})
+    table = summary_table(zero_shot, tiny=False)
+    assert "| task | eval | held-out | zero-shot | success before RL |" in table
+    assert "| calc | greedy | 4 | 0.000 ± 0.000 | 0.250 ± 0.217 | 0.750 ± 0.217 | +0.500 |" in table
+    assert "1.6M" not in table
 
 
 def test_stop_reasons_name_what_ended_the_demo():
@@ -73,7 +81,7 @@ def test_an_early_end_still_writes_the_summary_of_what_was_measured(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "stopped"
     text = (tmp_path / "summary.md").read_text()
     assert "**Stopped early**: the RL run stalled" in text and "RL steps done: 3/40" in text
-    assert "Phases done: build_model, warmup, eval_before" in text and "| calc | greedy | 2 | 0.500 | - | - |" in text
+    assert "Phases done: build_model, warmup, eval_before" in text and "| calc | greedy | 2 | 0.500 ± 0.354 | - | - |" in text
     assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
 
@@ -259,6 +267,7 @@ def test_the_demo_takes_the_shared_cpu_thread_settings_only_where_its_rl_runs_on
     monkeypatch.setattr(demo, "check_rl_settings", lambda spec: None)
     monkeypatch.setattr(demo, "run_demo", lambda out, config: {"tasks": {}, "timings_s": {"total_s": 1.0}})
     monkeypatch.setattr(signals, "signal", lambda *args: None)  # the test process keeps its handlers
-    args = argparse.Namespace(config=None, overrides=[], rl_overrides=[], engine=None, output_dir=str(tmp_path))
+    args = argparse.Namespace(config=None, model="tiny", overrides=[], rl_overrides=[], engine=None,
+                              output_dir=str(tmp_path))
     assert demo.run(args) == 0
     assert calls == (["relaunch"] if relaunched else [])

@@ -41,9 +41,9 @@ def test_settings_load_validate_and_override():
 def test_the_model_shape_is_a_setting_of_tinymodelspec_fields():
     from agentrl_verl.models.tiny import TinyModelSpec
 
-    assert load_pipeline_config().model == TinyModelSpec()
+    assert load_pipeline_config().model.tiny_shape() == TinyModelSpec()
     config = load_pipeline_config(None, ["model.hidden_size=128", "model.num_hidden_layers=2"])
-    assert config.model == TinyModelSpec(hidden_size=128, num_hidden_layers=2)
+    assert config.model.tiny_shape() == TinyModelSpec(hidden_size=128, num_hidden_layers=2)
     with pytest.raises(ValueError, match="hiden_size"):
         load_pipeline_config(None, ["model.hiden_size=128"])
 
@@ -146,3 +146,48 @@ def test_an_rl_device_that_cannot_serve_is_refused_by_name(monkeypatch):
         RLSpec(engine="vllm", device="cuda").preset()
     with pytest.raises(ValueError, match="rl.device: 'tpu' is not cpu, cuda or auto"):
         RLSpec(device="tpu").preset()
+
+
+SMOLLM2 = Path(CONFIG_DIR) / "demo_smollm2.yaml"
+
+
+def test_the_model_is_tiny_smollm2_or_any_model_directory(tmp_path):
+    from agentrl_verl.models.smollm2 import smollm2_path
+    from agentrl_verl.models.tiny import TinyModelSpec, tiny_model_path
+
+    config = load_pipeline_config(None, ["model.hidden_size=128"])
+    assert config.model.name == "tiny" and config.model.path() == tiny_model_path(spec=TinyModelSpec(hidden_size=128))
+    assert load_pipeline_config(SMOLLM2).model.path() == smollm2_path()
+    empty = load_pipeline_config(None, [f"model.name={tmp_path}"]).model
+    assert empty.path() == tmp_path
+    with pytest.raises(ValueError, match="not tiny, smollm2 or a Hugging Face model directory"):
+        empty.build()
+    (tmp_path / "config.json").write_text("{}")
+    assert empty.build() == tmp_path  # any directory holding a model is taken as it is
+
+
+def test_the_smollm2_settings_train_every_family_with_its_layer(monkeypatch):
+    from agentrl_verl.pipeline.launch import check_rl_settings
+
+    monkeypatch.setattr(RLSpec, "resolved_device", lambda self: "cuda")
+    config = load_pipeline_config(SMOLLM2)
+    assert [t.family for t in config.tasks] == ["calc", "db", "os", "kg", "webshop", "alfworld"]
+    assert config.rl.layers() == ["+demo=smollm2", "+demo/device=gpu"] and config.eval.base
+    preset = rl_preset_values(config.rl)
+    assert preset.trainer.v1.trainer_mode == "agentrl_async" and preset.algorithm.adv_estimator == "task_norm_grpo"
+    assert preset.agentrl.cross_policy.enable and preset.agentrl.agent.max_total_tokens == 2048
+    check_rl_settings(config.rl)
+    # Each family's held-out episodes: at least 64 sampled ones (few-item families replay their indices).
+    assert all(t.held_out * t.eval_repeats >= 64 for t in config.tasks)
+    with pytest.raises(ValueError, match="rl.layer='huge': use one of tiny, smollm2"):
+        RLSpec(layer="huge", device="cpu").layers()
+
+
+def test_the_cpu_smoke_shrinks_every_phase_and_keeps_the_users_overrides():
+    from agentrl_verl.harness.demo import CPU_SMOKE_RL, cpu_smoke
+
+    config = load_pipeline_config(SMOLLM2, ["rl.overrides=[trainer.save_freq=1]"])
+    smoke = load_pipeline_config(SMOLLM2, [*cpu_smoke(config), "tasks.0.held_out=3"])
+    assert [t.held_out for t in smoke.tasks] == [3, 2, 2, 2, 2, 2]  # a --set after the smoke's still applies
+    assert smoke.rl.steps == 2 and smoke.warmup.max_steps == 2 and not smoke.eval.sampled
+    assert smoke.rl.overrides == ["trainer.save_freq=1", *CPU_SMOKE_RL]
