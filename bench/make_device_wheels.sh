@@ -12,7 +12,7 @@ trap 'rm -rf "$dir"' EXIT
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$dir/wheels" \
   pyoxigraph==0.5.13 nltk==3.10.4 rapidfuzz==3.14.6 click==8.5.1 thefuzz==0.22.1 \
   textworld==1.7.0 alfworld==0.4.2 tatsu==5.8.3 hashids==1.3.1 mementos==1.3.1 \
-  more_itertools==11.2.1 prompt_toolkit==3.0.53 wcwidth==0.9.4 termcolor==3.3.0
+  more_itertools==11.2.1 prompt_toolkit==3.0.53 wcwidth==0.9.4 termcolor==3.3.0 gguf==0.19.0
 .venv/bin/python -c "import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in
 glob.glob(sys.argv[1] + '/wheels/*.whl')]" "$dir"
 rm -rf "$dir/wheels"

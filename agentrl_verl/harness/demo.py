@@ -331,16 +331,19 @@ SETTINGS = {"tiny": "demo_run.yaml", "smollm2": "demo_smollm2.yaml"}
 
 def cpu_smoke(config: PipelineConfig) -> list[str]:
     """Overrides that shrink a real model's run to a smoke that a CPU finishes in minutes: two held-out indices and a
-    few demonstrations per task, two warm-up steps, greedy evaluation only, two RL steps of two groups of two."""
+    few demonstrations per task, two warm-up steps, greedy evaluation only (not the base model's), three turns of 48
+    tokens at most, two RL steps of two groups of two."""
     per_task = [f"tasks.{i}.{key}" for i in range(len(config.tasks)) for key in ("held_out=2", "eval_repeats=1",
                                                                                  "demonstrations=4")]
     return [*per_task, "demonstrations=4", "warmup.max_steps=2", "warmup.batch_size=4", "warmup.eval_every=2",
-            "eval.warmup_indices=2", "eval.sampled=false", "rl.steps=2",
+            "eval.warmup_indices=2", "eval.sampled=false", "eval.base=false", "eval.max_turns=3",
+            "eval.max_new_tokens=48", "rl.steps=2",
             f"rl.overrides=[{','.join([*config.rl.overrides, *CPU_SMOKE_RL])}]"]
 
 
 CPU_SMOKE_RL = ("data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2")
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2",
+                "agentrl.agent.max_turns=3", "agentrl.agent.max_new_tokens=48")
 """The verl run's size in :func:`cpu_smoke`."""
 
 
