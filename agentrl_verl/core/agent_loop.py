@@ -414,9 +414,9 @@ class AgentRLAgentLoop(AgentLoopBase):
             resumed_turns=episode.resumed_turns,
             env_retries=env_retries,
             env_unavailable_s=env_unavailable_s,
-            min_global_steps=min(versions, default=fallback_version),
-            max_global_steps=max(versions, default=fallback_version),
-            turn_fields=episode.turn_log.to_extra_fields(),
+            oldest_version=min(versions, default=fallback_version),
+            newest_version=max(versions, default=fallback_version),
+            turn_log=episode.turn_log,
         )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,

@@ -39,21 +39,21 @@ FIXED = "fixed"
 OFF_POLICY = frozenset({STALE, FIXED})
 """The training pool's second members, whose turns count as stale (in ``stale_turn_share`` and its bins)."""
 
-# Keys this feature writes into a TokenOutput's / a sample's ``extra_fields``.
+# Keys of a TokenOutput's ``extra_fields`` (the first two) and of a turn log's fields in the episode record.
 POLICY_KEY = "policy"
 """TokenOutput extra field: pool member that generated the turn."""
 POLICY_VERSION_KEY = "policy_version"
 """TokenOutput extra field: weight version (training step of the weights) the turn started on; None for a fixed
 model."""
 TURN_POLICIES_KEY = "turn_policies"
-"""Sample extra field: pool member of every generated turn, in order."""
+"""Turn log field: pool member of every generated turn, in order."""
 TURN_VERSIONS_KEY = "turn_versions"
-"""Sample extra field: the weight version every generated turn started on (None for a fixed model's turns and where
+"""Turn log field: the weight version every generated turn started on (None for a fixed model's turns and where
 the server reports none): the one per-turn version list, read by the staleness bound and the cross-policy lag."""
 TURN_SPANS_KEY = "turn_spans"
-"""Sample extra field: ``[start, end)`` of every generated turn in the response token list."""
+"""Turn log field: ``[start, end)`` of every generated turn in the response token list."""
 STALE_TURN_SHARE_KEY = "stale_turn_share"
-"""Sample extra field: fraction of the trajectory's generated turns that came from a stale member."""
+"""Turn log field: fraction of the trajectory's generated turns that came from a stale member."""
 
 
 def started_on(output_extra_fields: Mapping[str, Any]) -> int | None:
@@ -171,14 +171,21 @@ class TurnLog:
             owners[start:end] = [policy] * (end - start)
         return owners
 
-    def to_extra_fields(self) -> dict[str, Any]:
-        """The sample extra fields (plain lists, so they survive TransferQueue and JSON dumps)."""
+    def to_fields(self) -> dict[str, Any]:
+        """Plain values (lists, so they survive TransferQueue and JSON dumps), for the episode record."""
         return {
             TURN_POLICIES_KEY: list(self.policies),
             TURN_VERSIONS_KEY: list(self.versions),
             TURN_SPANS_KEY: [list(span) for span in self.spans],
             STALE_TURN_SHARE_KEY: self.stale_share,
         }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> TurnLog:
+        """The log :meth:`to_fields` wrote (its stale share is recomputed from the default stale members)."""
+        return cls(policies=[str(p) for p in fields[TURN_POLICIES_KEY]],
+                   versions=[None if v is None else int(v) for v in fields[TURN_VERSIONS_KEY]],
+                   spans=[(int(a), int(b)) for a, b in fields[TURN_SPANS_KEY]])
 
 
 def current_policy_versions(versions: Sequence[int | None], policies: Sequence[str]) -> list[int]:

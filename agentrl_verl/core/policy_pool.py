@@ -39,10 +39,8 @@ from agentrl_verl.core.cross_policy import (
     POLICY_KEY,
     POLICY_VERSION_KEY,
     STALE,
-    TURN_POLICIES_KEY,
-    TURN_SPANS_KEY,
-    TURN_VERSIONS_KEY,
     PolicyRouter,
+    TurnLog,
     cross_policy_metrics,
     stale_refresh_due,
     started_on,
@@ -338,13 +336,14 @@ class CrossPolicyTrainerMixin:
         data = batch_fields(batch, "extra_fields", "rollout_log_probs")
         extras = data["extra_fields"]
         records = [EpisodeRecord.from_extra_fields(extra) for extra in extras]
+        logs = [record.turn_log if record is not None else TurnLog() for record in records]
         metrics = cross_policy_metrics(
-            [extra.get(TURN_POLICIES_KEY, []) for extra in extras],
+            [log.policies for log in logs],
             [record is not None and record.success for record in records],
             members=(CURRENT, self.stale_pool.name),
-            turn_versions=[extra.get(TURN_VERSIONS_KEY, []) for extra in extras],
+            turn_versions=[log.versions for log in logs],
             actor_version=global_steps - 1,  # the weights that generated this step's batch in synchronous mode
-            turn_spans=[extra.get(TURN_SPANS_KEY, []) for extra in extras],
+            turn_spans=[log.spans for log in logs],
             response_logprobs=data["rollout_log_probs"],
         )
         if self.stale_pool.fixed:

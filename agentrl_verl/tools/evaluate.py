@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import CrossPolicyConfig, Endpoint, agentrl_config
-from agentrl_verl.core.cross_policy import TURN_POLICIES_KEY, PolicyRouter, cross_policy_metrics
+from agentrl_verl.core.cross_policy import PolicyRouter, cross_policy_metrics
 from agentrl_verl.core.episode import EpisodeRecord
 
 logger = logging.getLogger(__name__)
@@ -161,15 +161,15 @@ async def evaluate(
     finally:
         await asyncio.gather(*[client.aclose() for client in clients.values()])
     names = [e.name for e in cfg.endpoints]
-    successes = [EpisodeRecord.from_extra_fields(out.extra_fields).success for out in outputs]
+    records = [EpisodeRecord.from_extra_fields(out.extra_fields) for out in outputs]
     metrics = cross_policy_metrics(
-        [out.extra_fields.get(TURN_POLICIES_KEY, []) for out in outputs],
-        successes,
+        [record.turn_log.policies for record in records],
+        [record.success for record in records],
         stale_members=names[1:],  # "stale share" = share of turns not from the first (reference) endpoint
         members=names,
         prefix="eval",
     )
-    metrics["eval/success_rate"] = sum(successes) / max(len(outputs), 1)
+    metrics["eval/success_rate"] = sum(record.success for record in records) / max(len(outputs), 1)
     metrics["eval/episodes"] = float(len(outputs))
     return metrics, outputs
 

@@ -16,6 +16,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core import agent_loop
 from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop, EnvironmentOutage
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.models.tiny import build_tiny_model
 from env_adapters.client import EnvRequestError, EnvUnavailable, StartedSession
 from env_adapters.protocol import InteractResponse, SampleStatus
@@ -154,11 +155,11 @@ async def test_completed_episode_exact_tokens(tokenizer):
     first_gen_end = len(server.prompts[0]) + len(server.outputs[0])
     assert full[first_gen_end: len(server.prompts[1])] == tokenizer.encode(env_text, add_special_tokens=False)
     assert out.reward_score == 1.0
-    assert out.extra_fields["status"] == "completed" and out.extra_fields["turns"] == 2
-    assert out.extra_fields["task"] == "os-std"
-    assert out.extra_fields["generated_tokens"] == sum(map(len, server.outputs))
-    assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 3
-    assert out.extra_fields["turn_versions"] == [3, 3]
+    assert EpisodeRecord.of(out).status == "completed" and EpisodeRecord.of(out).turns == 2
+    assert EpisodeRecord.of(out).task == "os-std"
+    assert EpisodeRecord.of(out).generated_tokens == sum(map(len, server.outputs))
+    assert EpisodeRecord.of(out).oldest_version == EpisodeRecord.of(out).newest_version == 3
+    assert EpisodeRecord.of(out).turn_log.versions == [3, 3]
     assert all(p["logprobs"] is True and p["temperature"] == 1.0 for p in server.sampling_params)
 
 
@@ -168,7 +169,7 @@ async def test_malformed_call_goes_to_env_verbatim(tokenizer):
     env = ScriptedEnv([InteractResponse(finish=True, status=SampleStatus.AGENT_INVALID_ACTION, reward=0.0)])
     out = await _loop(tokenizer, server, env).run({}, **_row())
     assert env.sent == [{"role": "assistant", "content": bad.removesuffix("<|im_end|>").strip()}]
-    assert out.extra_fields["status"] == "agent invalid action"
+    assert EpisodeRecord.of(out).status == "agent invalid action"
     assert out.reward_score == pytest.approx(-0.2)
     assert out.response_ids == server.outputs[0] and out.response_mask == [1] * len(server.outputs[0])
     assert env.cancelled == []
@@ -204,7 +205,7 @@ async def test_turn_limit_cancels_session(tokenizer):
                        InteractResponse(finish=False, status=SampleStatus.RUNNING,
                                         messages=[_tool("b", "call_2_0")])])
     out = await _loop(tokenizer, server, env, max_turns=2, penalty=-0.5).run({}, **_row())
-    assert out.extra_fields["status"] == "task limit reached" and out.extra_fields["turns"] == 2
+    assert EpisodeRecord.of(out).status == "task limit reached" and EpisodeRecord.of(out).turns == 2
     assert out.reward_score == -0.5
     assert env.cancelled == [7]
     # The trajectory ends with the last generated tokens (the unused env reply is not appended).
@@ -217,7 +218,7 @@ async def test_total_length_limit(tokenizer):
     env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")])])
     loop = _loop(tokenizer, server, env, max_total_tokens=120)
     out = await loop.run({}, **_row())
-    assert out.extra_fields["status"] == "agent context limit"
+    assert EpisodeRecord.of(out).status == "agent context limit"
     assert len(out.prompt_ids) + len(out.response_ids) <= 120
     assert server.sampling_params[1]["max_tokens"] == 120 - len(server.prompts[1])
     assert env.cancelled == [7] and out.reward_score == pytest.approx(-0.2)
@@ -242,8 +243,8 @@ async def test_an_episode_the_environment_lost_is_played_again_on_the_same_promp
     # The lost attempt (two turns) is dropped: the output is the second attempt's one completed turn.
     assert env.started == [("os-std", 3), ("os-std", 3)]
     assert env.cancelled == ([] if isinstance(loss, InteractResponse) else [7])  # a session the env ended is not
-    assert out.extra_fields["status"] == "completed" and out.extra_fields["turns"] == 1
-    assert out.extra_fields["env_retries"] == 1 and out.extra_fields["env_unavailable_s"] > 0
+    assert EpisodeRecord.of(out).status == "completed" and EpisodeRecord.of(out).turns == 1
+    assert EpisodeRecord.of(out).env_retries == 1 and EpisodeRecord.of(out).env_unavailable_s > 0
     assert sum(out.response_mask) == len(server.outputs[-1])
 
 
@@ -252,7 +253,7 @@ async def test_a_request_the_environment_refused_is_a_masked_task_error(tokenize
     env = ScriptedEnv([InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("1")]),
                        EnvRequestError(400, "malformed", "interact")])
     out = await _loop(tokenizer, server, env).run({}, **_row())
-    assert out.extra_fields["status"] == "task error" and out.extra_fields["env_retries"] == 0
+    assert EpisodeRecord.of(out).status == "task error" and EpisodeRecord.of(out).env_retries == 0
     assert out.response_mask == [0] * len(out.response_ids) and len(out.response_ids) > 0
     assert env.started == [("os-std", 3)] and env.cancelled == [7]
 
@@ -291,9 +292,9 @@ async def test_version_range_counts_only_the_trained_policys_turns(tokenizer):
                        InteractResponse(finish=False, status=SampleStatus.RUNNING, messages=[_tool("2")]),
                        InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
     out = await _loop(tokenizer, server, env).run({}, **_row())
-    assert out.extra_fields["turn_versions"] == [5, 0, 6]
-    assert out.extra_fields["turn_policies"] == ["current", "stale", "current"]
-    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 6)
+    assert EpisodeRecord.of(out).turn_log.versions == [5, 0, 6]
+    assert EpisodeRecord.of(out).turn_log.policies == ["current", "stale", "current"]
+    assert (EpisodeRecord.of(out).oldest_version, EpisodeRecord.of(out).newest_version) == (5, 6)
 
 
 class ResumingServer(ScriptedServer):
@@ -312,5 +313,5 @@ async def test_a_resumed_turn_takes_its_oldest_version_and_is_counted(tokenizer)
                        InteractResponse(finish=True, status=SampleStatus.COMPLETED, reward=1.0)])
     out = await _loop(tokenizer, server, env).run({}, **_row())
     # Its first tokens came from version 3: the staleness bound must see 3, not the version that finished it.
-    assert out.extra_fields["turn_versions"] == [3, 3]
-    assert out.extra_fields["resumed_turns"] == 1
+    assert EpisodeRecord.of(out).turn_log.versions == [3, 3]
+    assert EpisodeRecord.of(out).resumed_turns == 1

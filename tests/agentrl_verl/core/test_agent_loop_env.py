@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl_verl.core import agent_loop
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.models.tiny import build_tiny_model
 from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
@@ -91,8 +92,8 @@ async def test_db_item_solved_exact_tokens(stack, tokenizer):
                                              _call("commit_final_answer", answers=["March 19, 1998"])])
     async with RecordingClient(stack.url) as env:
         out = await _env_loop(tokenizer, server, env).run({}, **_row("db", 0))
-        assert out.extra_fields["status"] == "completed" and out.reward_score == 1.0
-        assert out.extra_fields["turns"] == 2 and out.extra_fields["env_latency_s"] > 0
+        assert EpisodeRecord.of(out).status == "completed" and out.reward_score == 1.0
+        assert EpisodeRecord.of(out).turns == 2 and EpisodeRecord.of(out).env_latency_s > 0
         # The SQL really ran (this AgentBench item's table lacks the labelled row, so the result is empty).
         assert [m["role"] for m in env.replies[0].messages] == ["tool"] and env.replies[0].status.value == "running"
         sent = [_sent(1, "execute_sql", query=DB_QUESTION_SQL),
@@ -111,7 +112,7 @@ async def test_db_malformed_call_is_answered_by_env(stack, tokenizer):
         out = await _env_loop(tokenizer, server, env).run({}, **_row("db", 0))
     # The env saw the text as written and ended or answered it; either way the episode is not a success.
     assert env.replies[0].status.value in {"agent invalid action", "agent validation failed", "running"}
-    assert out.extra_fields["status"] != "completed" or out.reward_score == 0.0
+    assert EpisodeRecord.of(out).status != "completed" or out.reward_score == 0.0
     assert out.response_ids[: len(server.outputs[0])] == server.outputs[0]
     assert out.response_mask[: len(server.outputs[0])] == [1] * len(server.outputs[0])
 
@@ -121,7 +122,7 @@ async def test_os_turn_limit_cancels_session(stack, tokenizer):
                                              _call("bash_action", script="sleep 1; cat /root/log")])
     async with RecordingClient(stack.url) as env:
         out = await _env_loop(tokenizer, server, env, max_turns=2).run({}, **_row("os", 0))
-        assert out.extra_fields["status"] == "task limit reached" and out.reward_score == pytest.approx(-0.2)
+        assert EpisodeRecord.of(out).status == "task limit reached" and out.reward_score == pytest.approx(-0.2)
         conversation = [*env.opening, _sent(1, "bash_action", script="cat /root/log"), *env.replies[0].messages,
                         _sent(2, "bash_action", script="sleep 1; cat /root/log")]
         unit._check_tokens(tokenizer, server, out, conversation, tools=env.tools)

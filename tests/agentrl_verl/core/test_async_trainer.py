@@ -118,10 +118,14 @@ def test_the_sampler_stops_a_run_whose_every_episode_raises(monkeypatch):
 
 
 def test_turn_versions_leave_out_cross_policy_members():
-    extra = {"turn_versions": [5, 0, None, 6], "turn_policies": ["current", "stale", "current", "current"]}
-    assert async_trainer._turn_versions(extra) == [5, 6]
-    assert async_trainer._turn_versions({"turn_versions": [2, 3]}) == [2, 3]  # no pool: all turns count
-    assert async_trainer._turn_versions({}) == []
+    from agentrl_verl.core.cross_policy import TurnLog
+    from agentrl_verl.core.episode import EpisodeRecord
+
+    log = TurnLog(policies=["current", "stale", "current", "current"], versions=[5, 0, None, 6],
+                  spans=[(0, 1), (1, 2), (2, 3), (3, 4)])
+    record = EpisodeRecord("calc", "completed", 1.0, 1.0, 4, turn_log=log)
+    assert async_trainer.trained_turn_versions(record) == [5, 6]
+    assert async_trainer.trained_turn_versions(None) == []  # a row without a record
 
 
 def test_a_bad_config_fails_before_verl_constructs_the_trainer(monkeypatch):

@@ -120,7 +120,8 @@ def test_turn_log_keeps_each_turns_policy_version_and_tokens():
     for owner, mask, lp in zip(owners, response_mask, logprobs, strict=True):
         assert (owner is not None) == bool(mask)
         assert lp == (expected_lp[owner] if owner else 0.0)
-    fields = log.to_extra_fields()
+    fields = log.to_fields()
+    assert TurnLog.from_fields(fields).spans == log.spans
     assert fields == {
         "turn_policies": [CURRENT, STALE, CURRENT],
         "turn_versions": [4, 2, 4],
@@ -187,7 +188,7 @@ def test_fixed_model_turns_count_as_the_second_member_and_have_no_version():
     log = TurnLog()
     log.record({"policy": CURRENT, "policy_version": 3}, start=0, num_tokens=2)
     log.record({"policy": FIXED, "policy_version": None, "global_steps": 0}, start=2, num_tokens=3)
-    fields = log.to_extra_fields()
+    fields = log.to_fields()
     assert fields["turn_policies"] == [CURRENT, FIXED] and fields["turn_versions"] == [3, None]
     assert fields["stale_turn_share"] == 0.5
     m = cross_policy_metrics(

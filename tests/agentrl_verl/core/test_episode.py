@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from agentrl_verl.core.cross_policy import TURN_POLICIES_KEY, TurnLog
-from agentrl_verl.core.episode import EpisodeRecord, is_success
+from agentrl_verl.core.cross_policy import TurnLog
+from agentrl_verl.core.episode import RECORD_KEY, RECORD_VERSION, EpisodeRecord, is_success
 from agentrl_verl.core.trainer import episode_metrics
 
 
@@ -13,20 +13,24 @@ def _record(**changes) -> EpisodeRecord:
     log = TurnLog()
     log.record({"policy": "current", "policy_version": 3}, start=0, num_tokens=5)
     fields = {"task": "webshop", "status": "completed", "reward": 0.5, "env_reward": 0.5, "turns": 1,
-              "min_global_steps": 3, "max_global_steps": 3,
-              "turn_fields": log.to_extra_fields(), **changes}
+              "oldest_version": 3, "newest_version": 4, "turn_log": log, **changes}
     return EpisodeRecord(**fields)
 
 
-def test_the_record_survives_its_wire_form_with_the_turn_log_at_the_top_level():
+def test_the_record_crosses_into_verl_as_one_versioned_field_beside_verls_own_version_range():
     record = _record()
     extra = json.loads(json.dumps(record.to_extra_fields()))  # what TransferQueue and the metrics file keep
-    assert extra["task"] == "webshop" and extra[TURN_POLICIES_KEY] == ["current"] and "turn_fields" not in extra
+    # One namespaced field, and the two keys verl reads itself (its TransferQueue tags): nothing else at the top.
+    assert set(extra) == {RECORD_KEY, "min_global_steps", "max_global_steps"}
+    assert (extra["min_global_steps"], extra["max_global_steps"]) == (3, 4)
+    assert extra[RECORD_KEY]["version"] == RECORD_VERSION and extra[RECORD_KEY]["task"] == "webshop"
     back = EpisodeRecord.from_extra_fields(extra)
-    assert back.turn_fields[TURN_POLICIES_KEY] == ["current"]
+    assert back == record and back.turn_log.policies == ["current"] and back.turn_log.spans == [(0, 5)]
     assert back.to_extra_fields() == extra
-    # Rows another agent loop wrote carry no record.
+    # Rows another agent loop wrote carry no record; a record of another layout is refused by name.
     assert EpisodeRecord.from_extra_fields(None) is None and EpisodeRecord.from_extra_fields({"turns": 2}) is None
+    with pytest.raises(ValueError, match="layout 0, this agentrl_verl reads 1"):
+        EpisodeRecord.from_extra_fields({RECORD_KEY: {**extra[RECORD_KEY], "version": 0}})
 
 
 @pytest.mark.parametrize(("status", "env_reward", "success"), [

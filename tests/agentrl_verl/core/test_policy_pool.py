@@ -13,6 +13,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core import policy_pool
 from agentrl_verl.core.cross_policy import CURRENT, FIXED, STALE, PolicyRouter, TurnLog
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.core.policy_pool import BesideSetup, CrossPolicyTrainerMixin, PolicyPoolClient, stale_pool_config
 
 
@@ -203,14 +204,13 @@ async def test_agent_loop_records_policy_version_and_behaviour_logprobs_per_turn
     assert current.turns and stale.turns
     mixed = 0
     for out in outputs:
-        fields = out.extra_fields
-        policies = fields["turn_policies"]
-        assert len(policies) == fields["turns"] == 6
+        record = EpisodeRecord.of(out)
+        log = record.turn_log
+        policies = log.policies
+        assert len(policies) == record.turns == 6
         mixed += len(set(policies)) == 2
-        assert fields["turn_versions"] == [9 if p == CURRENT else 8 for p in policies]
-        assert fields["stale_turn_share"] == pytest.approx(policies.count(STALE) / 6)
-        log = TurnLog(policies=policies, versions=fields["turn_versions"],
-                      spans=[tuple(s) for s in fields["turn_spans"]])
+        assert log.versions == [9 if p == CURRENT else 8 for p in policies]
+        assert log.stale_share == pytest.approx(policies.count(STALE) / 6)
         owners = log.token_policies(len(out.response_ids))
         for owner, mask, lp in zip(owners, out.response_mask, out.response_logprobs, strict=True):
             assert (owner is not None) == bool(mask)

@@ -24,6 +24,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.agent_loop import AGENT_NAME, AgentRLAgentLoop
 from agentrl_verl.core.chat_template import render
+from agentrl_verl.core.episode import EpisodeRecord
 from env_adapters.client import StartedSession
 from env_adapters.demonstrations import generate_demonstrations
 from env_adapters.protocol import InteractResponse, SampleStatus
@@ -162,7 +163,7 @@ async def test_generated_tokens_are_trained_as_generated_and_env_tokens_are_the_
     out = await loop.run({"temperature": 1.0}, data_source=family, extra_info={"index": 0}, global_steps=1,
                          raw_prompt=[], agent_name=AGENT_NAME)
 
-    assert out.extra_fields["status"] == "completed" and out.extra_fields["turns"] == len(assistant)
+    assert EpisodeRecord.of(out).status == "completed" and EpisodeRecord.of(out).turns == len(assistant)
     # The loop parsed from the tokens what the expert said.
     assert [calls(m) for m in env.sent] == [calls(m) for m in assistant]
     # Token in, token out: the trained ids at mask 1 are exactly the generated ids, in order, and nothing else.

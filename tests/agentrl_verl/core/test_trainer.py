@@ -151,13 +151,18 @@ def test_setup_waits_for_the_start_model_before_verl_reads_it(monkeypatch):
 
 
 def test_episode_metrics():
+    from agentrl_verl.core.episode import EpisodeRecord
+
+    def extra(**fields):
+        return EpisodeRecord(**fields).to_extra_fields()
+
     extras = [
-        {"task": "os", "status": "completed", "env_reward": 1.0, "reward": 1.0, "turns": 2, "generated_tokens": 10,
-         "env_tokens": 5, "env_latency_s": 0.5},
-        {"task": "os", "status": "agent context limit", "env_reward": 0.0, "reward": -0.2, "turns": 4,
-         "generated_tokens": 30, "env_tokens": 15, "env_latency_s": 1.5},
-        {"task": "db", "status": "task error", "env_reward": 0.0, "reward": -0.2, "turns": 0, "generated_tokens": 0,
-         "env_tokens": 0, "env_latency_s": 0.1},
+        extra(task="os", status="completed", env_reward=1.0, reward=1.0, turns=2, generated_tokens=10, env_tokens=5,
+              env_latency_s=0.5),
+        extra(task="os", status="agent context limit", env_reward=0.0, reward=-0.2, turns=4, generated_tokens=30,
+              env_tokens=15, env_latency_s=1.5),
+        extra(task="db", status="task error", env_reward=0.0, reward=-0.2, turns=0, generated_tokens=0, env_tokens=0,
+              env_latency_s=0.1),
         None,  # a row from another agent loop
     ]
     m = episode_metrics(extras)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_verl.core.cross_policy import stale_version
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.models.tiny import build_tiny_model
 from agentrl_verl.tools.data import make_row
 
@@ -232,7 +233,6 @@ async def test_evaluation_mixes_two_models_per_turn(env_url, two_models):
     from transformers import AutoTokenizer
 
     from agentrl_verl.core.config import Endpoint
-    from agentrl_verl.core.cross_policy import TurnLog
     from agentrl_verl.tools.evaluate import evaluate, evaluation_config
 
     servers = [CompletionsServer(path) for path in two_models]
@@ -249,8 +249,7 @@ async def test_evaluation_mixes_two_models_per_turn(env_url, two_models):
         # Each turn's behaviour log-probs are those of the model that generated it, not of the other one.
         checked = 0
         for out in outputs:
-            fields = out.extra_fields
-            log = TurnLog(policies=fields["turn_policies"], spans=[tuple(s) for s in fields["turn_spans"]])
+            log = EpisodeRecord.of(out).turn_log
             ids = out.prompt_ids + out.response_ids
             for policy, (start, end) in zip(log.policies, log.spans, strict=True):
                 positions = range(len(out.prompt_ids) + start, len(out.prompt_ids) + end)

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from verl.workers.rollout.replica import TokenOutput
 
 from agentrl_verl.core.config import Endpoint
+from agentrl_verl.core.episode import EpisodeRecord
 from agentrl_verl.pipeline.cold_start import tokenize_episode
 from agentrl_verl.tools.evaluate import (
     EvalResult,
@@ -76,15 +77,15 @@ def test_the_agent_loop_plays_demonstrated_replies_to_success_and_malformed_ones
     policy = ScriptedPolicy(tokenizer, oracle)
     outputs = asyncio.run(run_episodes(_rows(range(12)), policy, tokenizer, config, {"temperature": 0.0},
                                        concurrency=4))
-    assert [o.extra_fields["status"] for o in outputs] == ["completed"] * 12
-    assert [o.reward_score for o in outputs] == [1.0] * 12 and all(o.extra_fields["turns"] == 2 for o in outputs)
+    assert [EpisodeRecord.of(o).status for o in outputs] == ["completed"] * 12
+    assert [o.reward_score for o in outputs] == [1.0] * 12 and all(EpisodeRecord.of(o).turns == 2 for o in outputs)
     # Token-in/token-out across turns: the second turn's prompt extends the first turn's prompt and reply.
     assert len(policy.prompts) == 24 and all(any(p[:len(q)] == q for q in policy.prompts if len(q) < len(p))
                                              for p in policy.prompts if "<tool_response>" in tokenizer.decode(p))
 
     outputs = asyncio.run(run_episodes(_rows(range(3)), ScriptedPolicy(tokenizer, lambda p, t: "no idea<|im_end|>"),
                                        tokenizer, config, {"temperature": 0.0}))
-    assert [o.extra_fields["status"] for o in outputs] == ["agent invalid action"] * 3
+    assert [EpisodeRecord.of(o).status for o in outputs] == ["agent invalid action"] * 3
 
 
 def test_evaluate_model_plays_the_tiny_model_greedy_and_sampled(stack, model_dir, tokenizer):
