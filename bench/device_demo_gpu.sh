@@ -5,9 +5,10 @@
 # does wherever no daemon answers; with bench/make_device_wheels.sh's wheels it has the alfworld package and gguf.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 #   and the environment side's wheels as .device_wheels.tar.xz (bash bench/make_device_wheels.sh); for
-#   --model smollm2 also the GGUF, in two earlier calls on the same warm machine (bench/device_gguf.sh).
-# Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"], command "bash bench/device_demo_gpu.sh [--model
-#                     smollm2] [--set KEY=VALUE ...]" (DEMO_TIMEOUT_S bounds the demo, default 540)
+#   --model smollm2 also the GGUF and the wheels, in three earlier calls on the same warm machine (bench/device_gguf.sh).
+# Run (device tool):  carry [".verl_bundle", ".device_wheels.tar.xz"] (after bench/device_gguf.sh: ".verl_bundle"
+#                     alone), command "bash bench/device_demo_gpu.sh [--model smollm2] [--set KEY=VALUE ...]"
+#                     (DEMO_TIMEOUT_S bounds the demo, default 540)
 # A demo longer than one call's 10 minutes: DEMO_DETACH=1 starts it in a session of its own, which outlives the call
 # while the machine is warm, and waits DEMO_WAIT_S (default 540) for it; the next call, right after, with
 # DEMO_ATTACH=1 (no carry needed: the bundle is installed) waits again and collects. Either way what is there so far
@@ -25,7 +26,10 @@ mkdir -p "$OUT" "$RUN"
 if [ "${DEMO_ATTACH:-0}" = 1 ]; then
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 else
-  WHEELS=.device_wheels.tar.xz DEVICE_GPU=1 source bench/device_env.sh
+  # The wheels come carried, or ahead of the run with the GGUF (bench/device_gguf.sh), when the carry is full.
+  wheels=.device_wheels.tar.xz
+  [ -f "$wheels" ] || wheels=/tmp/agentrl_gguf/device_wheels.tar.xz
+  WHEELS=$wheels DEVICE_GPU=1 source bench/device_env.sh
   if ls /tmp/agentrl_gguf/*.gguf >/dev/null 2>&1; then  # carried by bench/device_gguf.sh
     mkdir -p "$AGENTRL_CACHE_DIR/gguf" && cp /tmp/agentrl_gguf/*.gguf "$AGENTRL_CACHE_DIR/gguf/"
   fi
