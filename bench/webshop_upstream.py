@@ -9,12 +9,12 @@ instructions with and without the price clause, titles, and words drawn from the
 upstream weighs as query-term boosts).
 
 - ``record-search``: indexes both catalogues with upstream's command and records pyserini's top 50 for every query
-  in ``tests/env_adapters/tasks/data/webshop_pyserini.json``. Needs Java 11+ and an interpreter with
+  in ``tests/env_adapters/tasks/webshop/data/pyserini.json``. Needs Java 11+ and an interpreter with
   ``pip install --no-deps pyserini==0.17.0 pyjnius`` (the wheel carries Anserini's jar; the rest of pyserini's
   dependencies are not needed for this).
 - ``record-fuzz``: records thefuzz 0.19.0's ``token_set_ratio > 85`` decision (the reward's attribute and option
   match) for every pair of two attributes or two option values of the catalogues, one bit a pair, in
-  ``tests/env_adapters/tasks/data/webshop_thefuzz019.json``. Needs a folder where thefuzz 0.19.0 imports
+  ``tests/env_adapters/tasks/webshop/data/thefuzz019.json``. Needs a folder where thefuzz 0.19.0 imports
   (``pip install --no-deps --target DIR thefuzz==0.19.0``; without python-Levenshtein, as upstream runs it).
 - without a command: compares this project's search and fuzzy matching with the recordings and prints, per
   catalogue, how many first pages (10 results) and top-50 lists are equal, and how many match decisions agree.
@@ -46,10 +46,10 @@ from env_adapters.tasks.webshop.reward import MATCH_THRESHOLD
 from env_adapters.tasks.webshop.search import SearchEngine, document_text
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "env_adapters" / "tasks" / "data"
-HANDWRITTEN = DATA / "webshop_handwritten_items.json"
-RECORDING = DATA / "webshop_pyserini.json"
-FUZZ_RECORDING = DATA / "webshop_thefuzz019.json"
+DATA = ROOT / "tests" / "env_adapters" / "tasks" / "webshop" / "data"
+HANDWRITTEN = DATA / "handwritten_items.json"
+RECORDING = DATA / "pyserini.json"
+FUZZ_RECORDING = DATA / "thefuzz019.json"
 TOP_K = 50  # upstream's SEARCH_RETURN_N
 PAGE = 10  # results on one page
 

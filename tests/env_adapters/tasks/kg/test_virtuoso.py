@@ -20,7 +20,7 @@ from env_adapters.tasks.kg.backends import VIRTUOSO_PREFIX
 from env_adapters.tasks.kg.expert import kg_expert
 from env_adapters.tasks.kg.task import KGTask
 
-from .kg_support import play
+from .support import play
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("virtuoso-t") is None,
                                                    reason="Virtuoso is not installed (apt-get install -y "

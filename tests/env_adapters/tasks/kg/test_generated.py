@@ -17,7 +17,7 @@ from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import entities_of, parse
 from env_adapters.tasks.kg.task import KGTask, f1, gold_answers
 
-from .kg_support import play
+from .support import play
 
 STACK_OPTIONS = {"seed": 3, "size": 200}
 STACK_SAMPLE = range(0, 200, 5)

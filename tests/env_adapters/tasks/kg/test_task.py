@@ -14,7 +14,7 @@ from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import FB, ProgramError, parse, to_sparql, unparse
 from env_adapters.tasks.kg.task import MAX_ARGUMENT_CHARS, NO_CALL, KGTask, f1
 
-from .kg_support import sparql_endpoint
+from .support import sparql_endpoint
 
 TRIPLES = [
     ("m.f1", "film.film.directed_by", "m.p1"), ("m.f2", "film.film.directed_by", "m.p1"),
@@ -273,7 +273,7 @@ def test_sexpr_translation():
 
 async def test_endpoint_backend_matches_embedded(files):
     """The same episode on a SPARQL endpoint over HTTP and on the embedded store: identical transcripts."""
-    from .kg_support import play
+    from .support import play
 
     transcripts = []
     with sparql_endpoint(ntriples()) as url:
@@ -292,7 +292,7 @@ async def test_endpoint_backend_matches_embedded(files):
 async def test_a_long_query_goes_to_an_endpoint_by_post(files):
     # Six self-intersections make a query past a GET's URL limit (seven made Virtuoso answer 400): it goes as a form
     # POST and is answered like any other.
-    from .kg_support import sparql_endpoint
+    from .support import sparql_endpoint
 
     methods: list[str] = []
     with sparql_endpoint(ntriples(), methods) as url:

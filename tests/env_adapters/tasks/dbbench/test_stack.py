@@ -141,7 +141,7 @@ async def test_hostile_and_cancelled_sessions_leave_nothing(stack, mariadb_url):
 
 def test_killed_worker_takes_its_server_along(tmp_path):
     """A worker that starts its own MariaDB is SIGKILLed: the server dies with it; its folder is reaped later.
-    (A graceful stop runs the task's teardown, which stops the server: see test_db_mariadb_server.py.)"""
+    (A graceful stop runs the task's teardown, which stops the server: see test_mariadb_server.py.)"""
     stack = EnvStack({"controller": {"port": 0}, "workers": [
         {"task": "db", "concurrency": 2, "heartbeat_interval": 0.5, "options": {"backend": "mysql"}}]},
         log_dir=tmp_path)

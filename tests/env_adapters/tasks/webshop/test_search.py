@@ -13,13 +13,13 @@ from env_adapters.tasks.webshop.generator import GeneratorConfig, generate_catal
 from env_adapters.tasks.webshop.search import SearchEngine, byte4_to_int, int_to_byte4, stem_word, text_terms
 
 DATA = Path(__file__).parent / "data"
-RECORDING = json.loads((DATA / "webshop_pyserini.json").read_text())["catalogues"]
+RECORDING = json.loads((DATA / "pyserini.json").read_text())["catalogues"]
 
 
 def _catalogue(name: str) -> Catalogue:
     if name == "generated":  # the recording's: the standard preset, seed 0
         return generate_catalogue(GeneratorConfig(), seed=0)
-    return Catalogue.from_raw(json.loads((DATA / "webshop_handwritten_items.json").read_text()), {}, {})
+    return Catalogue.from_raw(json.loads((DATA / "handwritten_items.json").read_text()), {}, {})
 
 
 @pytest.mark.parametrize("name", ["generated", "handwritten"])

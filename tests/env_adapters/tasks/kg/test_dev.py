@@ -16,7 +16,7 @@ from env_adapters.tasks.kg.ontology import Ontology
 from env_adapters.tasks.kg.sexpr import FB, parse, to_sparql
 from env_adapters.tasks.kg.task import KGTask, gold_answers, load_items
 
-from .kg_support import play
+from .support import play
 
 DEV = resources.files("env_adapters").joinpath("data/agentbench/knowledgegraph/dev.json")
 # Item 17's trace starts with get_relations(common.topic): a class, which upstream's tools refuse as well.

@@ -100,7 +100,7 @@ def test_generated_vocabulary_is_separable_by_the_reward(category):
 def test_fuzzy_match_decisions_agree_with_the_thefuzz_upstream_pins():
     # thefuzz 0.19.0 (difflib; AgentBench pins it) decided every ordered pair of the recorded strings of a kind
     # (``python -m bench.webshop_upstream record-fuzz``); 0.22's scores differ on some pairs, its decisions must not.
-    recorded = json.loads((Path(__file__).parent / "data" / "webshop_thefuzz019.json").read_text())
+    recorded = json.loads((Path(__file__).parent / "data" / "thefuzz019.json").read_text())
     pairs = [(a, b) for kind in recorded["kinds"] for a in kind for b in kind if a != b]
     upstream = [bit == "1" for bit in bin(int(recorded["decisions"], 16))[3:]]
     assert len(pairs) == len(upstream) > 50_000 and 50 < sum(upstream) < len(pairs)
