@@ -310,7 +310,8 @@ def evaluate_model(
         max_turns: Assistant turns, then ``task limit reached``.
         max_new_tokens: Tokens per turn.
         max_context: Prompt plus response budget, then ``agent context limit``.
-        concurrency: Episodes at once, per task (keep it within the task's worker concurrency) or for all.
+        concurrency: Episodes at once, per task (keep it within the task's worker concurrency) or for each; the
+            tasks play at once, their turns batched together.
         seed: Sampling seed.
 
     Returns:
@@ -324,16 +325,17 @@ def evaluate_model(
     mode = "greedy" if greedy else "sampled"
 
     async def run() -> dict[str, EvalResult]:
-        results = {}
-        for task, indices in splits.items():
-            limit = concurrency if isinstance(concurrency, int) else concurrency[task]
-            policy = LocalPolicy(model, tokenizer, max_batch_size=limit, seed=seed)
-            rows = [make_row(task, i, "eval") for i in indices]
-            outputs = await run_episodes(rows, policy, tokenizer, config, params, concurrency=limit,
-                                         hf_model_type=model.config.model_type)
-            results[task] = EvalResult(task, mode, [episode_record(o, tokenizer, r)
-                                                    for o, r in zip(outputs, rows, strict=True)])
-        return results
+        # Every task at once, through one engine that batches their turns together: the tasks' episodes overlap
+        # (one task's slow environment steps leave the model to the others').
+        limits = {task: concurrency if isinstance(concurrency, int) else concurrency[task] for task in splits}
+        policy = LocalPolicy(model, tokenizer, max_batch_size=sum(limits.values()), seed=seed)
+        rows = {task: [make_row(task, i, "eval") for i in indices] for task, indices in splits.items()}
+        outputs = await asyncio.gather(*(run_episodes(rows[task], policy, tokenizer, config, params,
+                                                      concurrency=limits[task], hf_model_type=model.config.model_type)
+                                         for task in splits))
+        return {task: EvalResult(task, mode, [episode_record(o, tokenizer, r)
+                                              for o, r in zip(outs, rows[task], strict=True)])
+                for task, outs in zip(splits, outputs, strict=True)}
 
     return asyncio.run(run())
 
