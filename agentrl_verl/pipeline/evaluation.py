@@ -63,8 +63,8 @@ def evaluate_held_out(url: str, model_dir: str | Path, tokenizer, held_out: Mapp
     results = {mode: evaluate_tasks(url, model, tokenizer, held_out if mode == "greedy" else repeated, spec, sessions,
                                     greedy=mode == "greedy", seed=seed) for mode in modes}
     for mode, per_task in results.items():
-        logger.info("held-out %s success of %s: %s", mode, Path(model_dir).name,
-                    ", ".join(f"{k} {v.success_rate:.3f}" for k, v in per_task.items()))
+        logger.info("held-out %s success: %s (%s)", mode, ", ".join(f"{k} {v.success_rate:.3f}"
+                                                                   for k, v in per_task.items()), Path(model_dir).name)
     return results
 
 
