@@ -38,6 +38,7 @@ from env_adapters.http import (
     Request,
     Response,
     ServerDisconnectedError,
+    check_bind,
 )
 
 
@@ -49,14 +50,16 @@ class AiohttpServer:
     """:class:`HTTPServer`'s interface on aiohttp's low-level server."""
 
     def __init__(self, routes: dict[tuple[str, str], Handler], token: str | None = None,
-                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0) -> None:
-        self.ours = HTTPServer(routes, token, max_body_mb, slack_bytes)  # routing, auth and errors stay ours
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0, allow_no_token: bool = False) -> None:
+        # Routing, auth, errors and the loopback rule stay ours.
+        self.ours = HTTPServer(routes, token, max_body_mb, slack_bytes, allow_no_token)
         self._server: Any = None
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:
         from aiohttp import web
 
+        check_bind(host, self.ours.token, self.ours.allow_no_token)
         self._response = web.Response
         self._server = web.Server(self._handle, access_log=None)
         self._listener = await asyncio.get_running_loop().create_server(self._server, host, port, backlog=4096)
@@ -86,14 +89,15 @@ class UvicornServer:
     """:class:`HTTPServer`'s interface on uvicorn (httptools parser) serving a raw ASGI app."""
 
     def __init__(self, routes: dict[tuple[str, str], Handler], token: str | None = None,
-                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0) -> None:
-        self.ours = HTTPServer(routes, token, max_body_mb, slack_bytes)
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB, slack_bytes: int = 0, allow_no_token: bool = False) -> None:
+        self.ours = HTTPServer(routes, token, max_body_mb, slack_bytes, allow_no_token)
         self._server: Any = None
         self._serving: asyncio.Task | None = None
 
     async def start(self, host: str, port: int) -> int:
         import uvicorn
 
+        check_bind(host, self.ours.token, self.ours.allow_no_token)
         sock = socket.create_server((host, port), backlog=4096)
         config = uvicorn.Config(self._app, http="httptools", interface="asgi3", lifespan="off", proxy_headers=False,
                                 access_log=False, log_level="warning", timeout_keep_alive=int(KEEPALIVE_TIMEOUT_S),

@@ -165,6 +165,7 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
         if len(order) < config.batch_size:
             order = list(range(len(data)))
             rng.shuffle(order)
+            order *= -(-config.batch_size // len(order))  # fewer demonstrations than a batch: each more than once
         batch = [data[order.pop()] for _ in range(config.batch_size)]
         model.train()
         loss = masked_lm_loss(model, batch, tokenizer.pad_token_id)

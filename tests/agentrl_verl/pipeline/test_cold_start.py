@@ -169,3 +169,9 @@ def test_a_screen_short_of_the_stop_plays_no_more_and_checks_stay_dense(model_di
     assert [(row["step"], row["success"], row["episodes"]) for row in result.history] == [
         (3, 0.1, 20), (4, 0.0, 5), (5, 0.2, 5), (6, 0.65, 20)]
     assert held_out.parts == [(None, None), (0, 5), (0, 5), (0, 5), (5, None)]
+
+
+def test_fewer_demonstrations_than_a_batch_fill_the_batch_with_repeats(model_dir, demos, tmp_path):
+    config = WarmupConfig(max_steps=2, batch_size=8, eval_every=2, seed=0)
+    result = supervised_warmup(model_dir, demos[:3], tmp_path / "warm", lambda model, part: [False], config)
+    assert result.steps == 2 and [row["step"] for row in result.history] == [2]
