@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl_verl.pipeline.cold_start import release_device_memory
 from agentrl_verl.pipeline.settings import EvalSpec
 from agentrl_verl.tools.evaluate import EvalResult, evaluate_model
 from env_adapters.protocol import Index
@@ -62,6 +63,8 @@ def evaluate_held_out(url: str, model_dir: str | Path, tokenizer, held_out: Mapp
     repeated = {task: indices * (repeats or {}).get(task, 1) for task, indices in held_out.items()}
     results = {mode: evaluate_tasks(url, model, tokenizer, held_out if mode == "greedy" else repeated, spec, sessions,
                                     greedy=mode == "greedy", seed=seed) for mode in modes}
+    del model
+    release_device_memory(device)
     for mode, per_task in results.items():
         logger.info("held-out %s success: %s (%s)", mode, ", ".join(f"{k} {v.success_rate:.3f}"
                                                                    for k, v in per_task.items()), Path(model_dir).name)

@@ -77,6 +77,8 @@ def test_interrupted_generations_resume_and_drop_keeps_the_bound(held_stack, tmp
         assert m["actor/pg_loss"] == m["actor/pg_loss"]
     # Updates aborted running generations, which went on under the new weights within the same episode.
     assert sum(m["async/resumed_turns"] for m in steps.values()) > 0
+    # Step 2 trains held groups: each played its first turn before the first update and its later ones after it.
+    assert steps[2]["async/staleness/multi_version_trajectories"] > 0, steps[2]
     assert steps[STEPS]["async/total/dropped"] == sum(m["async/groups/dropped"] for m in steps.values())
 
 
