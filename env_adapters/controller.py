@@ -66,6 +66,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5020
 MAX_CANCELS_IN_FLIGHT = 64
+PAUSE_LOGGED_S = 1.0
+"""A sweep this late is logged as the controller's own pause (shorter delays are excused silently)."""
 _TERMINAL = {s.value: s for s in SampleStatus}
 
 
@@ -110,6 +112,9 @@ class WorkerEntry:
     node: str | None = None  # where it runs, as it says (our launchers name the Ray node); absent upstream
     sessions: set[int] = field(default_factory=set)  # running (or starting) sessions placed here
     cancelling: set[int] = field(default_factory=set)  # ended here, still held there until our cancel arrives
+    # Set while the worker is declared down: releases the requests still waiting on it (a frozen worker keeps its
+    # connections open, so they would otherwise wait for their full timeout).
+    down: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def free(self) -> int:
@@ -220,6 +225,22 @@ class Controller:
         except orjson.JSONDecodeError:
             return resp.status, {"detail": resp.body[:500].decode(errors="replace")}
 
+    async def _post_while_up(self, worker: WorkerEntry, route: str, body: dict[str, Any],
+                             timeout: float) -> tuple[int, Any]:
+        """:meth:`_post`, given up as soon as ``worker`` is declared down (by its missed heartbeats or another
+        request's failure), so that no caller waits on a frozen worker beyond that."""
+        post = asyncio.ensure_future(self._post(worker, route, body, timeout))
+        down = asyncio.ensure_future(worker.down.wait())
+        try:
+            done, _ = await asyncio.wait({post, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            down.cancel()
+            if not post.done():
+                post.cancel()
+        if post in done:
+            return post.result()
+        raise _WorkerGone(f"worker {worker.id} ({worker.address}) {route}: no answer before it was declared down")
+
     def _fire(self, coro) -> None:
         """Run ``coro`` in the background (kept referenced until done)."""
         task = asyncio.create_task(coro)
@@ -279,6 +300,7 @@ class Controller:
             logger.warning("worker %d (%s, %s) is down: %s; ending its %d session(s)", worker.id, worker.name,
                            worker.address, reason, len(worker.sessions))
         worker.alive = False
+        worker.down.set()
         for sid in list(worker.sessions):
             s = self.sessions.get(sid)
             if s is not None and self._end(s, SampleStatus.TASK_ERROR):
@@ -347,7 +369,7 @@ class Controller:
             sid = body["session_id"] = next(self._session_ids)
             worker.sessions.add(sid)  # reserve before awaiting, so concurrent starts see the slot taken
             try:
-                status, out = await self._post(worker, "start_sample", body, self.config.interact_timeout)
+                status, out = await self._post_while_up(worker, "start_sample", body, self.config.interact_timeout)
             except asyncio.CancelledError:  # the client went away: the session it will never learn of must go
                 worker.sessions.discard(sid)
                 self._cancel_on_worker(worker, sid)  # the slot frees (and a waiter wakes) once the worker has it
@@ -391,8 +413,8 @@ class Controller:
         s.last_active = time.monotonic()
         worker = s.worker
         try:
-            status, out = await self._post(worker, "interact", {"session_id": s.id, "messages": [message]},
-                                           self.config.interact_timeout)
+            status, out = await self._post_while_up(worker, "interact", {"session_id": s.id, "messages": [message]},
+                                                    self.config.interact_timeout)
         except asyncio.CancelledError:  # the client went away mid-step: the episode cannot go on
             if self._end(s, SampleStatus.CANCELLED):
                 self._cancel_on_worker(worker, s.id)
@@ -434,6 +456,8 @@ class Controller:
     async def _on_interact_failure(self, s: SessionEntry, reason: str) -> None:
         """The worker did not answer: if it is gone, end all its sessions; else end this one (and cancel it)."""
         worker = s.worker
+        if not worker.alive:  # declared down while this interact waited: its sessions have ended
+            return
         try:
             reachable = (await self._http.request("GET", f"{worker.address}/worker_status", timeout=2)).status == 200
         except (ClientError, TimeoutError):
@@ -496,6 +520,7 @@ class Controller:
             self._worker_down(worker, "restarted")
             logger.info("worker %d (%s, %s) is back", worker.id, name, address)
             worker.alive, worker.instance = True, instance
+            worker.down.clear()
             self._fire(self._resync(worker))
         if worker is None:
             worker = WorkerEntry(next(self._worker_ids), name, address.rstrip("/"), concurrency,
@@ -563,10 +588,29 @@ class Controller:
             elif now - s.finished_at > cfg.finished_ttl:
                 del self.sessions[s.id]
 
+    def excuse_pause(self, seconds: float, now: float) -> None:
+        """Count ``seconds`` during which the controller did not run (stopped, or its loop starved) against no one:
+        the workers' heartbeats and the sessions' idle times are moved on by as much (never past ``now``). After a
+        pause the sweep runs before the heartbeats queued meanwhile are read; without this it would find every
+        worker silent and end every running session."""
+        if seconds >= PAUSE_LOGGED_S:
+            logger.warning("the controller did not run for %.1fs (stopped or starved): that time counts against no "
+                           "worker's heartbeat and no session's idle time", seconds)
+        for w in self.workers.values():
+            w.last_seen = min(w.last_seen + seconds, now)
+        for s in self.sessions.values():
+            if s.status is SampleStatus.RUNNING:
+                s.last_active = min(s.last_active + seconds, now)
+
     async def _clean_loop(self) -> None:
+        due = time.monotonic() + self.config.clean_interval
         while True:
-            await asyncio.sleep(self.config.clean_interval)
-            self.sweep()
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            now = time.monotonic()
+            if now > due:
+                self.excuse_pause(now - due, now)
+            self.sweep(now)
+            due = now + self.config.clean_interval
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

@@ -202,6 +202,46 @@ async def test_silent_worker_detected_by_heartbeat_and_restart_picked_up(local_s
         assert (await env.interact(s2.session_id, say("x"))).status == "running"
 
 
+HANG_GUARD_S = 60
+"""Only against a hung test: the requests below wait for a worker that never answers (interact_timeout 240 s)."""
+
+
+async def test_callers_waiting_on_a_frozen_worker_are_released_once_it_is_declared_down(local_stack):
+    # Frozen: connections open, requests never answered, heartbeats stopped (as a SIGSTOPped process). One interact
+    # and one start_sample wait on such workers; both end when the heartbeat sweep declares them down, not at
+    # interact_timeout: the interact as the environment's loss (played again by a trainer), the start as busy.
+    stack = await local_stack(workers=1, concurrency=1, heartbeat_timeout=0.5, clean_interval=0.1, start_wait=0.5)
+    slow = SlowStartTask()
+    await stack.add_worker(slow, name="slow", concurrency=1)
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        stepping = asyncio.create_task(env.interact(s.session_id, say("sleep:3600")))
+        assert await eventually(lambda: stack.controller.sessions[s.session_id].busy)
+        starting = asyncio.create_task(raw(stack, "POST", "start_sample", json={"name": "slow", "index": 0}))
+        assert await eventually(lambda: slow.resetting)
+        for worker in stack.workers:
+            worker._heartbeat.cancel()
+        reply = await asyncio.wait_for(stepping, HANG_GUARD_S)
+        assert (reply.finish, reply.status) == (True, "task error")
+        assert "no heartbeat" in reply.metrics["env_lost"]
+        status, body, _ = await asyncio.wait_for(starting, HANG_GUARD_S)
+        assert status == 503 and "busy" in body["detail"]
+
+
+async def test_a_pause_of_the_controller_itself_ends_no_session(local_stack):
+    # The whole process stops for twice the heartbeat timeout (the controller and its workers alike, as a SIGSTOP of
+    # the controller looks to it): on resume the sweep runs before the heartbeats sent meanwhile are read, and the
+    # pause is no worker's silence.
+    stack = await local_stack(workers=1, concurrency=1, heartbeat_timeout=2.0, clean_interval=0.1)
+    async with EnvClient(stack.url) as env:
+        s = await env.start_sample("probe", 0)
+        time.sleep(4.0)  # blocks the event loop: nothing of the stack runs
+        await asyncio.sleep(0.5)  # sweeps and heartbeats run again
+        assert (await env.list_sessions())[str(s.session_id)]["status"] == "running"
+        assert all(w["alive"] for w in (await env.list_workers())["probe"].values())
+        assert (await env.interact(s.session_id, say("x"))).status == "running"
+
+
 async def test_restart_on_same_address_ends_old_sessions(local_stack):
     stack = await local_stack(workers=1, concurrency=2)
     async with EnvClient(stack.url) as env:
