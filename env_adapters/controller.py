@@ -60,7 +60,7 @@ from env_adapters.http import (
     run_until_signal,
     session_id_header,
 )
-from env_adapters.protocol import SampleStatus
+from env_adapters.protocol import ENV_LOST, SampleStatus
 
 logger = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ class Controller:
         # ``env_lost`` (an extension; upstream clients ignore metrics they do not know) tells a trainer that the
         # environment, not the agent, ended the episode, so that it may play it again.
         return json_response({"finish": True, "reward": s.reward, "status": s.status.value, "messages": [],
-                              "metrics": {"env_lost": s.lost} if s.lost else {}})
+                              "metrics": {ENV_LOST: s.lost} if s.lost else {}})
 
     async def _on_interact_failure(self, s: SessionEntry, reason: str) -> None:
         """The worker did not answer: if it is gone, end all its sessions; else end this one (and cancel it)."""

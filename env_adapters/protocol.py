@@ -20,6 +20,10 @@ ToolSchema = dict[str, Any]
 
 Index = int | str
 
+ENV_LOST = "env_lost"
+"""Metric of a session the environment, not the agent, ended (an extension; upstream clients ignore it): why. A
+trainer plays such an episode again rather than train on it."""
+
 
 class SampleStatus(str, Enum):
     """Status of a session; every value except ``running`` ends it."""

@@ -55,6 +55,12 @@ class TaskError(Exception):
     """An environment-side failure; the session ends with status ``task error``."""
 
 
+class EnvironmentLost(TaskError):
+    """The environment lost the episode (a sandbox or a backend stopped answering), through no fault of the agent's:
+    the session ends ``task error`` with the reason as its :data:`~env_adapters.protocol.ENV_LOST` metric, which
+    tells a trainer to play the episode again."""
+
+
 class InvalidAction(Exception):
     """The model's message cannot be executed (unknown tool, arguments that are not JSON...)."""
 

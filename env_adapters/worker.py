@@ -12,8 +12,9 @@ Before each heartbeat the worker polls :meth:`~env_adapters.task.Task.healthy`, 
 awaited at the next beat (never two at once) and counts as unhealthy once it has run ``health_timeout`` seconds.
 
 Task code runs here and only here, so this is the one place where task exceptions become statuses:
-:class:`~env_adapters.task.InvalidAction` -> ``agent invalid action``, anything else -> ``task error`` (logged
-with its traceback). ``Session.close`` runs exactly once per session whatever ends it.
+:class:`~env_adapters.task.InvalidAction` -> ``agent invalid action``, :class:`~env_adapters.task.EnvironmentLost` ->
+``task error`` marked ``env_lost`` (played again by a trainer), anything else -> ``task error`` (logged with its
+traceback). ``Session.close`` runs exactly once per session whatever ends it.
 
 A :class:`~env_adapters.task.SyncSession` is wrapped into a :class:`~env_adapters.task.Session` whose methods
 await its blocking ones in the worker's thread pool (``threads`` threads), the same pool
@@ -60,8 +61,9 @@ from env_adapters.http import (
     read_json,
     run_until_signal,
 )
-from env_adapters.protocol import Index, Message, SampleStatus
+from env_adapters.protocol import ENV_LOST, Index, Message, SampleStatus
 from env_adapters.task import (
+    EnvironmentLost,
     InvalidAction,
     Session,
     StepResult,
@@ -305,6 +307,9 @@ class Worker:
         elif isinstance(exc, InvalidAction):
             logger.debug("session %d: invalid action: %s", slot.id, exc)
             out = _ended(SampleStatus.AGENT_INVALID_ACTION)
+        elif isinstance(exc, EnvironmentLost):
+            logger.warning("session %d (index %r): the environment lost it: %s", slot.id, slot.index, exc)
+            out = _output(StepResult(status=SampleStatus.TASK_ERROR, metrics={ENV_LOST: str(exc)}))
         else:
             logger.error("session %d (index %r) failed: task error", slot.id, slot.index, exc_info=exc)
             out = _ended(SampleStatus.TASK_ERROR)

@@ -54,7 +54,7 @@ from agentrl_verl.core.config import AGENT_NAME, AgentConfig, EnvConfig, agentrl
 from agentrl_verl.core.cross_policy import TurnLog, current_policy_versions
 from agentrl_verl.core.episode import EpisodeRecord
 from env_adapters.client import EnvClient, EnvRequestError, EnvUnavailable
-from env_adapters.protocol import Message, SampleStatus, ToolSchema
+from env_adapters.protocol import ENV_LOST, Message, SampleStatus, ToolSchema
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class AgentRLAgentLoop(AgentLoopBase):
             episode.env_metrics = dict(reply.metrics or {})
             if reply.finish or SampleStatus(reply.status).finished:
                 # The controller ended it because its worker went (an extension field): not the policy's doing.
-                episode.lost = (reply.metrics or {}).get("env_lost") or None
+                episode.lost = (reply.metrics or {}).get(ENV_LOST) or None
                 episode.finished = True
                 episode.env_reward = float(reply.reward)
                 return episode.end(SampleStatus(reply.status))

@@ -39,7 +39,7 @@ import pytest
 from env_adapters.controller import Controller, ControllerConfig
 from env_adapters.launcher import EnvStack
 from env_adapters.protocol import SampleStatus
-from env_adapters.task import InvalidAction, Session, StepResult, Task, TaskError
+from env_adapters.task import EnvironmentLost, InvalidAction, Session, StepResult, Task, TaskError
 from env_adapters.worker import Worker
 
 
@@ -95,7 +95,7 @@ def env_stack():
 
 class ProbeSession(Session):
     """Each assistant message's ``content`` scripts the step: ``ok``, ``finish``, ``sleep:S``, ``raise``,
-    ``invalid``, ``silent`` (running without messages)."""
+    ``invalid``, ``lost`` (the environment lost it), ``silent`` (running without messages)."""
 
     def __init__(self, task: ProbeTask, index: Any) -> None:
         self.task, self.index = task, index
@@ -113,6 +113,8 @@ class ProbeSession(Session):
             raise RuntimeError("step failed on purpose")
         elif command == "invalid":
             raise InvalidAction("not a valid action")
+        elif command == "lost":
+            raise EnvironmentLost("the backend stopped answering")
         elif command == "finish":
             return StepResult(messages=[{"role": "user", "content": "done"}], status=SampleStatus.COMPLETED,
                               reward=1.0, metrics={"n": 1})

@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from env_adapters.client import EnvClient
+from env_adapters.protocol import ENV_LOST
 from env_adapters.task import Session, StepResult, SyncSession, Task, run_blocking
 from env_adapters.worker import Worker, parse_options
 
@@ -71,6 +72,14 @@ async def test_task_exceptions_become_statuses(worker, content, status):
     assert code == 200 and out["env_out"]["status"] == status and out["env_out"]["finish"]
     assert worker.task.closed == [5]
     assert (await post(worker, "sample_status", {"session_id": 1}))[0] == 400  # gone: its slot is free
+
+
+async def test_an_episode_the_environment_lost_is_marked_so(worker):
+    await start(worker, 1, index=5)
+    code, out, _ = await interact(worker, 1, "lost")
+    assert code == 200 and out["env_out"]["status"] == "task error" and out["env_out"]["finish"]
+    assert out["env_out"]["metric"][ENV_LOST] == "the backend stopped answering"  # a trainer plays it again
+    assert worker.task.closed == [5]
 
 
 async def test_reset_error_is_task_error_and_closes(worker):

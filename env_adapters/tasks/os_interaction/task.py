@@ -37,6 +37,7 @@ from env_adapters.sandbox.containers import DOCKER_RESOURCE, ContainerPool, Limi
 from env_adapters.sandbox.images import ensure_image
 from env_adapters.sandbox.shell import CommandResult, PersistentShell, ProcessResult, ShellBroken, exec_bounded
 from env_adapters.task import (
+    EnvironmentLost,
     StepResult,
     Task,
     TaskError,
@@ -172,7 +173,20 @@ class OSSession(ToolSession):
         self.commands += 1
         self.command_seconds += result.seconds
         self.timeouts += int(result.timed_out)
+        if result.timed_out:
+            # A command may run too long by the agent's doing, or because the container stopped running it (paused,
+            # frozen by its host, gone): the second is the environment's fault, not the agent's.
+            state = await self.task.call(self._container_state)
+            if state != "running":
+                raise EnvironmentLost(f"the session's container {self.container.short_id} is {state}: its command "
+                                      f"got no answer for {self.task.command_timeout:g} s")
         return format_output(result, self.task.output_limit, self.task.command_timeout)
+
+    def _container_state(self) -> str:
+        try:
+            return self.task.client.api.inspect_container(self.container.id)["State"]["Status"]
+        except docker.errors.NotFound:
+            return "removed"
 
     def _exec(self, script: Script, *args: str) -> ProcessResult:
         """Run ``script`` in a fresh process of the container (not in the agent's shell), as upstream does."""

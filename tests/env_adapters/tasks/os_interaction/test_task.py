@@ -10,7 +10,7 @@ import pytest_asyncio
 docker = pytest.importorskip("docker")
 
 from env_adapters.protocol import SampleStatus  # noqa: E402
-from env_adapters.task import InvalidAction  # noqa: E402
+from env_adapters.task import EnvironmentLost, InvalidAction  # noqa: E402
 from env_adapters.tasks.os_interaction import OSTask  # noqa: E402
 from env_adapters.tasks.os_interaction.oracle import tool_call_message  # noqa: E402
 
@@ -111,6 +111,21 @@ async def test_endless_output_and_timeouts_are_cut_and_reported(open_session):
     assert "longer than 3 s" in out and result.metrics["timeouts"] == 1
     _, out = await bash(session, "pwd")
     assert out == "/tmp\n"
+
+
+async def test_a_command_timing_out_in_a_paused_container_is_the_environments_loss(task, monkeypatch):
+    # The same `sleep` as above, timing out while the container is paused (a frozen host): the episode is the
+    # environment's to lose (the module's fixture checks that no container is left). The pause is stubbed where the
+    # session reads the container's state: `docker pause` needs the cgroup freezer, which this machine's Docker lacks
+    # ("OCI runtime pause failed: unable to freeze").
+    session = await task.start_session(13)
+    await session.reset()
+    monkeypatch.setattr(session, "_container_state", lambda: "paused")
+    try:
+        with pytest.raises(EnvironmentLost, match="is paused"):
+            await bash(session, "sleep 60")
+    finally:
+        await session.close()
 
 
 async def test_hostile_commands_stay_inside_their_session(task, open_session):
