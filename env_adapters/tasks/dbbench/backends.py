@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = 1000
 MAX_RESULT_CHARS = 1_000_000
 DB_PREFIX = "agentrl_db_"
+MAX_CONNECT_WAIT_S = 10
+"""Longest a new connection waits for the server's greeting (less where the statement's own bound is shorter)."""
 # Seconds the watchdog waits past the statement timeout before it kills the query itself.
 _WATCHDOG_GRACE = 1.0
 _INSERT_BATCH = 500
@@ -366,15 +368,23 @@ class MySQLDatabase(Database):
             return
         self._closed = True
         conn, self._conn = self._conn, None
+        answered = True
         if conn is not None:
-            with contextlib.suppress(Exception):
-                # Stop a statement still running (a cancelled session), so that DROP DATABASE need not wait for it.
-                if self._inflight is not None and not self._inflight.done():
+            # Stop a statement still running (a cancelled session), so that DROP DATABASE need not wait for it.
+            if self._inflight is not None and not self._inflight.done():
+                try:
                     await self._backend.admin(f"KILL {int(conn.thread_id())}")
                     await asyncio.wait_for(asyncio.shield(self._inflight), 10)
+                except ServerUnavailable:
+                    answered = False
+                except Exception as e:  # noqa: BLE001 - the drop below still runs
+                    logger.info("stopping the statement of %s failed: %r", self.name, e)
             with contextlib.suppress(Exception):
                 await self._backend.run(conn.close)
-        await self._backend.drop(self.name)
+        if answered:
+            await self._backend.drop(self.name)
+        else:  # a stopped server would make the drop wait as long again: the next drop retries it
+            self._backend.drop_later(self.name)
         self._backend.open_databases -= 1
 
 
@@ -413,7 +423,9 @@ class MySQLBackend(Backend):
         """A connection with every statement bounded: by the socket (``timeout`` s) and by the server's lock waits."""
         import pymysql
 
-        args = {**self._admin_args, "autocommit": True, "charset": "utf8mb4", "connect_timeout": 10,
+        # A stopped server accepts the connection (the kernel does) and never greets it: bound that wait too.
+        connect = max(1, int(min(timeout, self.admin_timeout, MAX_CONNECT_WAIT_S)))
+        args = {**self._admin_args, "autocommit": True, "charset": "utf8mb4", "connect_timeout": connect,
                 "read_timeout": int(timeout) + 1, "write_timeout": int(timeout) + 1, **overrides}
         try:
             conn = pymysql.connect(**args)
@@ -562,15 +574,30 @@ class MySQLBackend(Backend):
         self.admin_sync(f"DROP USER IF EXISTS '{name}'@'%%'", ())
 
     async def drop(self, name: str) -> None:
-        """Drop a session's database and user, and those an earlier drop failed on; logs instead of raising."""
-        for pending in [name, *sorted(self._undropped - {name})]:
+        """Drop a session's database and user, and those an earlier drop failed on; logs instead of raising.
+
+        A server that does not answer ends the round at once (each further try would wait ``admin_timeout`` again):
+        what is left is retried at the next drop.
+        """
+        pending = [name, *sorted(self._undropped - {name})]
+        for i, one in enumerate(pending):
             try:
-                await self.run(self._drop, pending)
-            except Exception as e:
-                self._undropped.add(pending)
-                logger.warning("could not drop database/user %s (%s); retried at the next drop", pending, e)
+                await self.run(self._drop, one)
+            except ServerUnavailable as e:
+                self._undropped.update(pending[i:])
+                logger.warning("could not drop database/user %s (%s); %d left for the next drop", one, e,
+                               len(pending) - i)
+                return
+            except Exception as e:  # noqa: BLE001 - logged; the others are still dropped
+                self._undropped.add(one)
+                logger.warning("could not drop database/user %s (%s); retried at the next drop", one, e)
             else:
-                self._undropped.discard(pending)
+                self._undropped.discard(one)
+
+    def drop_later(self, name: str) -> None:
+        """Leave a session's database and user to the next :meth:`drop` (the server did not answer)."""
+        self._undropped.add(name)
+        logger.warning("database/user %s left for the next drop: the server did not answer", name)
 
     async def stop(self) -> None:
         with self._idle_lock:

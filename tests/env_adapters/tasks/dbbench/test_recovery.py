@@ -77,6 +77,35 @@ async def test_dead_server_ends_its_sessions_as_task_errors_and_comes_back(task,
     assert await task.backend.leftovers() == []
 
 
+async def test_sessions_closed_while_the_server_is_stopped_cost_one_try_each_and_leave_nothing(mariadb_installed,
+                                                                                                monkeypatch):
+    # A stopped (SIGSTOP) server holds its connections open and answers nothing. Each closing session tries its own
+    # drop once, then leaves it and the earlier ones to the next drop instead of trying each again (every try waits
+    # admin_timeout); the first drop after the server goes on removes them all.
+    task = get_task_class("db")(backend="mysql", statement_timeout=1.0, admin_timeout=1.0)
+    await task.setup()
+    tried: list[str] = []
+    drop = task.backend._drop
+    monkeypatch.setattr(task.backend, "_drop", lambda name: (tried.append(name), drop(name))[1])
+    try:
+        first, second = await started(task, 3), await started(task, 4)
+        names = [first.db.name, second.db.name]
+        os.kill(task.server.pid, signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(first.close(), HANG_GUARD)
+            await asyncio.wait_for(second.close(), HANG_GUARD)
+        finally:
+            os.kill(task.server.pid, signal.SIGCONT)
+        assert tried == names  # the second close did not try the first's again
+        third = await started(task, 6)
+        third_name = third.db.name
+        await third.close()
+        assert tried[2:] == [third_name, *sorted(names)]
+        assert await task.backend.leftovers() == []
+    finally:
+        await task.teardown()
+
+
 async def test_external_server_down_makes_the_task_unhealthy_until_it_answers(mariadb_installed):
     with MariaDBServer() as server:  # given by URL: to the task, an external server it cannot restart
         external = get_task_class("db")(backend="mysql", mysql_url=server.url)
