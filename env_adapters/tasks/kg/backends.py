@@ -120,9 +120,20 @@ class SparqlBackend(ABC):
     async def _select(self, query: str) -> list[str]:
         """Run the query on the store (see :meth:`select`)."""
 
+    async def alive(self) -> bool:
+        """Whether the store answers now (the task's health check); a store in this process always does."""
+        return True
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+
+TOO_COSTLY_CODES = ("SP031", "S1T00")
+"""Virtuoso's errors for a query too large to compile (SP031: the SQL it generates passes 10,000 lines) or run past
+its time limit (S1T00): the agent's program, answered as the family's tool error, as the embedded store's bound is."""
+
+HEALTH_TIMEOUT_S = 3.0
+"""Longest an endpoint may take to answer the health check's ``ASK {}`` (a store that answers takes milliseconds)."""
 
 QUERY_TIMEOUT_S = 30.0
 """Time bound of one embedded-store query. The task's own queries take milliseconds on the generated graphs; a
@@ -130,8 +141,8 @@ policy's program can make one that runs for minutes (nine self-intersections, th
 
 
 class QueryTooCostly(Exception):
-    """The store stopped a query at its time bound: the agent's program is too costly to run (shown to the agent,
-    not a store failure)."""
+    """The store stopped a query at its time bound, or refused it as too large: the agent's program is too costly to
+    run (shown to the agent, not a store failure)."""
 
 
 def check_store_options(processes: int, query_timeout: float) -> None:
@@ -280,11 +291,23 @@ class EndpointBackend(SparqlBackend):
         except (ClientError, OSError, TimeoutError) as e:
             raise BackendError(f"SPARQL endpoint {self.url} unreachable: {e}") from e
         if reply.status != 200:
-            raise BackendError(f"SPARQL endpoint {self.url} answered {reply.status}: "
-                               f"{reply.body[:500].decode(errors='replace')}")
+            detail = reply.body[:500].decode(errors="replace")
+            if any(code in detail for code in TOO_COSTLY_CODES):
+                raise QueryTooCostly(f"the store refused the query as too costly ({detail.strip()[:200]})")
+            raise BackendError(f"SPARQL endpoint {self.url} answered {reply.status}: {detail}")
         data = reply.json()
         (name,) = data["head"]["vars"]
         return [freebase_value(row[name]["value"]) for row in data["results"]["bindings"] if name in row]
+
+    async def alive(self) -> bool:
+        """An ``ASK {}`` answered within :data:`HEALTH_TIMEOUT_S` (a stopped server accepts the connection and
+        never answers: without the check its worker would keep getting sessions)."""
+        try:
+            reply = await self.http.request("GET", f"{self.url}?{urlencode({'query': 'ASK {}'})}",
+                                            timeout=HEALTH_TIMEOUT_S)
+        except (ClientError, OSError, TimeoutError):
+            return False
+        return reply.status == 200
 
     async def close(self) -> None:
         await self.http.close()

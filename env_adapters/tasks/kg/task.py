@@ -299,6 +299,10 @@ class KGTask(Task):
             self.server.load(path)
             self.backend = EndpointBackend(self.server.url, cache_size=self.query_cache)
 
+    async def healthy(self) -> bool:
+        """Whether the SPARQL store answers (an endpoint, a Virtuoso server; the embedded store always does)."""
+        return self.backend is not None and await self.backend.alive()
+
     async def teardown(self) -> None:
         backend, self.backend = self.backend, None
         if backend is not None:

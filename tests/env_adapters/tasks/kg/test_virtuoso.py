@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -48,19 +49,19 @@ def call(name: str, **arguments: str) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": function}]}
 
 
-async def long_query_reply(task: KGTask) -> str:
-    """``get_relations`` of item 0's first neighbours intersected with themselves six times."""
+async def long_query_reply(task: KGTask, intersections: int = 6) -> str:
+    """``get_relations`` of item 0's first neighbours intersected with themselves ``intersections`` times."""
     session = await task.start_session(0)
     await session.reset()
     entity = next(iter(task.items[0]["entities"]))
     relations = (await session.step(call("get_relations", variable=entity))).messages[0]["content"]
     relation = relations.split("[")[1].split(",")[0].rstrip("]")
     await session.step(call("get_neighbors", variable=entity, relation=relation))
-    for k in range(6):
+    for k in range(intersections):
         await session.step(call("intersection", variable1=f"#{k}", variable2=f"#{k}"))
-    reply = await session.step(call("get_relations", variable="#6"))
+    reply = await session.step(call("get_relations", variable=f"#{intersections}"))
     await session.close()
-    assert reply.messages[0]["content"].startswith("Observation: [") and not reply.status.finished
+    assert not reply.status.finished  # the episode goes on, whatever the store made of the query
     return reply.messages[0]["content"]
 
 
@@ -90,6 +91,17 @@ async def test_oracle_and_parity_with_embedded():
         # Six self-intersections: a query of about 9,000 encoded characters, past what a GET's URL may carry, goes by
         # POST and is answered as the embedded store answers it.
         assert [await long_query_reply(task) for task in (virtuoso, embedded)] == [await long_query_reply(embedded)] * 2
+        assert (await long_query_reply(embedded)).startswith("Observation: [")
+        # Seven: Virtuoso refuses the SQL it would generate as too long; the agent gets the family's tool error.
+        assert (await long_query_reply(virtuoso, 7)).startswith("Error processing tool call: the store refused")
+        # A stopped server accepts connections and answers nothing: its worker reports itself unhealthy meanwhile.
+        assert await virtuoso.healthy()
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            assert not await virtuoso.healthy()
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+        assert await virtuoso.healthy()
     finally:
         await virtuoso.teardown()
         await embedded.teardown()
