@@ -145,14 +145,15 @@ at 40 RL steps one run took 999-1371 s of the suite's time, and 20 steps is not 
 @pytest.mark.timeout(DEMO_HANG_GUARD_S)
 def test_demo_runs_end_to_end_and_reports(tmp_path, live_processes):
     """The embedded default settings (every task, Docker's too where a daemon answers; the asynchronous trainer with
-    cross-policy sampling), shrunk to plumbing size: a short warm-up, 16 held-out calc indices, greedy only, 3 RL
-    steps. verl's run starts before the warm-up, as on a GPU, its trainer waiting for the warmed-up model (the other
-    end-to-end demos start it after, as on a CPU)."""
+    cross-policy sampling), shrunk to plumbing size: a short warm-up, 16 held-out calc indices, greedy only, 3 RL steps
+    of 8 groups of 2 (the preset's groups of 8 made each update take 44-50 s beside the suite's other runs). verl's run
+    starts before the warm-up, as on a GPU, its trainer waiting for the warmed-up model (the other end-to-end demos
+    start it after, as on a CPU)."""
     out = tmp_path / "demo"
     log = _run_demo(out, "--set", "warmup.max_steps=10", "--set", "warmup.eval_every=10", "--set",
                     "eval.warmup_indices=16", "--set", "eval.sampled=false", "--set", "demonstrations=64", "--set",
                     "tasks.0.held_out=16", "--set", f"rl.steps={PLUMBING_RL_STEPS}", "--set",
-                    "rl.start_with_warmup=true")
+                    "rl.start_with_warmup=true", "--rl-override", "actor_rollout_ref.rollout.n=2")
     assert log.index(": RL: ") < log.index("warm-up: 10 steps") < log.index("RL step 1/")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["stopped_because"] is None
@@ -182,16 +183,20 @@ def test_demo_runs_end_to_end_and_reports(tmp_path, live_processes):
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_HANG_GUARD_S)
 def test_the_multitask_demo_runs_end_to_end_and_reports_every_family(tmp_path, live_processes):
-    """The multi-task settings, shrunk to plumbing size (a few demonstrations, 10 warm-up steps, 4 held-out indices
-    per family, greedy only, 2 RL steps): every family's worker, demonstrations, warm-up, evaluation and RL episodes
-    at the preset's lengths run through to the summary. Whether RL raises success is measured by the full run
-    (README, "Several families"), which takes too long for the suite. Expected runtime: 129 s on the 2-core
-    machine at load average 3-4 (7.7 minutes at load average 23-31, most of it Ray's and verl's start-up)."""
+    """The multi-task settings, shrunk to plumbing size (a few demonstrations, 10 warm-up steps, 4 held-out indices per
+    family, greedy only, 2 RL steps of 8 groups of 2): every family's worker, demonstrations, warm-up, evaluation and RL
+    episodes at the preset's lengths run through to the summary. Whether RL raises success is measured by the full run
+    (README, "Several families"), which takes too long for the suite. Expected runtime: 224 s on the 2-core machine
+    alone (most of it Ray's and verl's start-up); beside the suite's other runs, with the preset's groups of 6, it took
+    512-593 s."""
     out = tmp_path / "demo"
     small = [f"tasks.{i}.{key}={value}" for i in range(4) for key, value in (("demonstrations", 16), ("held_out", 4))]
     log = _run_demo(out, "--config", str(MULTITASK), "--set", "warmup.max_steps=10", "--set", "warmup.eval_every=10",
                     "--set", "eval.warmup_indices=4", "--set", "eval.sampled=false", "--set", "rl.steps=2",
-                    *(arg for setting in small for arg in ("--set", setting)))
+                    *(arg for setting in small for arg in ("--set", setting)),
+                    # Groups of 2 rather than the preset's 6: the update of 48 long episodes took 33-82 s a step here.
+                    "--rl-override", "actor_rollout_ref.rollout.n=2",
+                    "--rl-override", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
     summary = json.loads((out / "summary.json").read_text())
     families = ["calc", "kg", "webshop", "alfworld"]
     assert summary["status"] == "finished" and list(summary["tasks"]) == families
