@@ -542,10 +542,12 @@ class _ClientProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response = ClientResponse(self.parser.get_status_code(), self._headers, b"".join(self._body))
+        if self.waiter is None or self.waiter.done():  # a reply nobody asked for: the stream is out of step
+            self.close()
+            return
         if not self.parser.should_keep_alive():
             self.close()
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(response)
+        self.waiter.set_result(response)
 
 
 class HTTPClient:
@@ -591,11 +593,12 @@ class HTTPClient:
             head.append(b"\r\n")
         payload = b"".join(head)
         if self._gate is None:
-            return await self._send(host, port, payload, timeout or self.timeout)
+            return await self._send(host, port, payload, timeout or self.timeout, body is not None)
         async with self._gate:
-            return await self._send(host, port, payload, timeout or self.timeout)
+            return await self._send(host, port, payload, timeout or self.timeout, body is not None)
 
-    async def _send(self, host: str, port: int, payload: bytes, timeout: float) -> ClientResponse:
+    async def _send(self, host: str, port: int, payload: bytes, timeout: float,
+                    body_sent: bool) -> ClientResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         conn = await self._acquire(host, port, timeout)
@@ -612,6 +615,10 @@ class HTTPClient:
             timer.cancel()
             conn.waiter = None
             self._busy.discard(conn)
+        if body_sent and response.status >= 400:
+            # A server may refuse a request before it has read the body; the unread rest would be taken as the
+            # next request on this connection, so it carries no other.
+            conn.close()
         if conn.transport is not None and not self.closed:
             conn.last_used = time.monotonic()
             conn.pool = self._idle.setdefault((host, port), [])

@@ -198,6 +198,57 @@ async def test_connection_closed_by_server_while_idle_is_not_reused():
         await srv.close()
 
 
+async def scripted_server(answer) -> tuple[asyncio.Server, int, list[int]]:
+    """A raw server that reads each request's head only (never its body) and writes ``answer(first_line)``; returns
+    the server, its port and the list of connections' request counts."""
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(0)
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                connections[-1] += 1
+                writer.write(answer(head.split(b"\r\n")[0].decode()))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return srv, srv.sockets[0].getsockname()[1], connections
+
+
+def reply(status: int, text: str) -> bytes:
+    return b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(text), text.encode())
+
+
+async def test_a_reply_nobody_asked_for_ends_its_connection():
+    # Each request is answered, then answered again: the second reply must never pass for the next request's.
+    srv, port, connections = await scripted_server(lambda line: reply(200, line) + reply(200, "stale"))
+    client = HTTPClient(timeout=5)
+    try:
+        for path in ("/one", "/two"):
+            answer = await client.request("GET", f"http://127.0.0.1:{port}{path}")
+            assert answer.body == f"GET {path} HTTP/1.1".encode()
+        assert connections == [1, 1]
+    finally:
+        await client.close()
+        srv.close()
+
+
+async def test_an_error_reply_to_a_request_with_a_body_ends_its_connection():
+    # The server refuses the POST from its head and leaves the body unread: on the same connection the body's bytes
+    # would prefix the next request.
+    srv, port, connections = await scripted_server(lambda line: reply(400 if line.startswith("POST") else 200, line))
+    client = HTTPClient(timeout=5)
+    try:
+        assert (await client.request("POST", f"http://127.0.0.1:{port}/q", b"[1]")).status == 400
+        assert (await client.request("GET", f"http://127.0.0.1:{port}/two")).body == b"GET /two HTTP/1.1"
+        assert (await client.request("GET", f"http://127.0.0.1:{port}/three")).status == 200
+        assert connections == [1, 2]  # successes keep their connection
+    finally:
+        await client.close()
+        srv.close()
+
+
 @pytest.mark.parametrize("payload", [b"POST /api/echo HTTP/1.1\r\nHost: x\r\nContent-Le",
                                      b"POST /api/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"a\""])
 async def test_incomplete_request_times_out(server, monkeypatch, payload):

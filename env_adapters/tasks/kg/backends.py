@@ -300,14 +300,17 @@ class EndpointBackend(SparqlBackend):
         return [freebase_value(row[name]["value"]) for row in data["results"]["bindings"] if name in row]
 
     async def alive(self) -> bool:
-        """An ``ASK {}`` answered within :data:`HEALTH_TIMEOUT_S` (a stopped server accepts the connection and
-        never answers: without the check its worker would keep getting sessions)."""
+        """An ``ASK {}`` answered within :data:`HEALTH_TIMEOUT_S` with SPARQL JSON (a stopped server accepts the
+        connection and never answers: without the check its worker would keep getting sessions). The check opens its
+        own connection: a reply left on a pooled one could never be taken for a live server's."""
+        http = HTTPClient(headers={"Accept": SPARQL_JSON}, timeout=HEALTH_TIMEOUT_S)
         try:
-            reply = await self.http.request("GET", f"{self.url}?{urlencode({'query': 'ASK {}'})}",
-                                            timeout=HEALTH_TIMEOUT_S)
-        except (ClientError, OSError, TimeoutError):
+            reply = await http.request("GET", f"{self.url}?{urlencode({'query': 'ASK {}'})}")
+            return reply.status == 200 and "head" in reply.json()  # Virtuoso answers ASK as a one-row SELECT
+        except (ClientError, OSError, TimeoutError, ValueError, TypeError):
             return False
-        return reply.status == 200
+        finally:
+            await http.close()
 
     async def close(self) -> None:
         await self.http.close()
