@@ -49,6 +49,7 @@ from env_adapters.http import (
     Request,
     Response,
     auth_headers,
+    body_custom_task,
     body_index,
     body_message,
     body_session_id,
@@ -362,7 +363,7 @@ class Controller:
     async def _start_sample(self, request: Request) -> Response:
         data = read_json(request)
         name = self._known_task(data.get("name"))
-        body = {"index": body_index(data), "custom_task": data.get("custom_task"), "session_id": 0}
+        body = {"index": body_index(data), "custom_task": body_custom_task(data), "session_id": 0}
         deadline = time.monotonic() + self.config.start_wait
         while True:
             worker = await self._acquire(name, deadline)

@@ -170,6 +170,14 @@ def body_index(data: dict[str, Any]) -> int | str:
     return index
 
 
+def body_custom_task(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``custom_task`` of a start_sample body: an object or absent/null, or a 400."""
+    custom_task = data.get("custom_task")
+    if custom_task is not None and not isinstance(custom_task, dict):
+        raise HTTPError(400, f"'custom_task' must be an object or null, got {type(custom_task).__name__}")
+    return custom_task
+
+
 def body_message(data: dict[str, Any]) -> dict[str, Any]:
     """The one assistant message of an interact body (``{"messages": [message]}``), or a 400."""
     messages = data.get("messages")

@@ -52,6 +52,7 @@ from env_adapters.http import (
     Request,
     Response,
     auth_headers,
+    body_custom_task,
     body_index,
     body_message,
     body_session_id,
@@ -343,7 +344,7 @@ class Worker:
     async def _start_sample(self, request: Request) -> Response:
         data = read_json(request)
         sid = body_session_id(data)
-        index, custom_task = body_index(data), data.get("custom_task")
+        index, custom_task = body_index(data), body_custom_task(data)
         if self._stopped:
             raise HTTPError(503, f"worker {self.name!r} is shutting down")
         if sid in self._slots:

@@ -346,6 +346,18 @@ async def test_index_must_be_an_integer_or_a_string(local_stack, index):
     assert placement(stack) == [0]
 
 
+@pytest.mark.parametrize("custom_task", ["x", 1, [1], True])
+async def test_custom_task_must_be_an_object_or_null(local_stack, custom_task):
+    stack = await local_stack()
+    body = {"name": "probe", "index": -1, "custom_task": custom_task}
+    status, reply, _ = await raw(stack, "POST", "start_sample", json=body)
+    assert status == 400 and "'custom_task' must be an object or null" in reply["detail"]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{stack.workers[0].address}/start_sample", json={**body, "session_id": 1}) as r:
+            assert r.status == 400 and "'custom_task' must be an object or null" in (await r.json())["detail"]
+    assert placement(stack) == [0]
+
+
 async def test_body_just_under_the_limit_passes_the_controller_hop(local_stack):
     stack = await local_stack(max_body_mb=0.5)
     stack.workers[0]._server.max_body -= int(3.5 * 2**20)  # the worker's limit equals the controller's: 0.5 MiB

@@ -135,7 +135,7 @@ its time limit (S1T00): the agent's program, answered as the family's tool error
 HEALTH_TIMEOUT_S = 3.0
 """Longest an endpoint may take to answer the health check's ``ASK {}`` (a store that answers takes milliseconds)."""
 
-QUERY_TIMEOUT_S = 30.0
+QUERY_TIMEOUT_S = 10.0
 """Time bound of one embedded-store query. The task's own queries take milliseconds on the generated graphs; a
 policy's program can make one that runs for minutes (nine self-intersections, then ``get_relations``)."""
 
