@@ -49,7 +49,7 @@ from agentrl_verl.core.staleness import (
     plan_batch,
     staleness_metrics,
 )
-from agentrl_verl.core.trainer import TaskAwareTrainerMixin
+from agentrl_verl.core.trainer import SkipEmptyBatchMixin, TaskAwareTrainerMixin
 from agentrl_verl.core.verl_seam import batch_fields
 
 logger = logging.getLogger(__name__)
@@ -287,7 +287,7 @@ class StalenessReplayBuffer(ReplayBufferAsync):
             self.pipeline.admitted_version.pop(uid, None)
 
 
-class AsyncPipelineTrainer(PPOTrainer):
+class AsyncPipelineTrainer(SkipEmptyBatchMixin, PPOTrainer):
     """verl V1 trainer running AgentRL's asynchronous pipeline (see the module docstring)."""
 
     def __init__(self, config):

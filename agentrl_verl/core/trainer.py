@@ -260,7 +260,64 @@ class TaskAwareTrainerMixin:
             self._agent_loop_ready_s = None
 
 
-class AgentRLSyncTrainer(CrossPolicyTrainerMixin, TaskAwareTrainerMixin, PPOTrainerSync):
+class NothingToTrain(Exception):
+    """Raised inside verl's step for a sampled batch without a single loss token; carries the batch."""
+
+    def __init__(self, batch: KVBatchMeta) -> None:
+        super().__init__(f"{len(batch.keys)} rows, none with a loss token")
+        self.batch = batch
+
+
+def has_loss_token(batch: KVBatchMeta) -> bool:
+    """Whether any row of ``batch`` has a response token in the loss (rows of failed episodes are all masked)."""
+    return any(any(row) for row in batch_fields(batch, "response_mask")["response_mask"])
+
+
+class SkipEmptyBatchMixin:
+    """Skips the update of a batch whose every row is masked (every episode ended ``task error``).
+
+    verl 0.9.1 stops the run on such a batch ("response_mask must contain at least one valid token"). Here the step
+    goes on without an update: the episodes' own metrics are logged, verl's training metrics are left out, and
+    ``agentrl/skipped_batches`` (1 for the step) says what happened. Sits just above verl's trainer class in the MRO,
+    so that every mixin above it still sees the skipped step.
+    """
+
+    _skipped_keys: frozenset = frozenset()  # the rows of this step's skipped batches
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        try:
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        except NothingToTrain as empty:
+            logger.warning("step %d: every episode of the batch failed (%s); no update this step",
+                           self.global_steps, empty)
+            metrics["agentrl/skipped_batches"] = metrics.get("agentrl/skipped_batches", 0.0) + 1.0
+            self._skipped_keys = self._skipped_keys | set(empty.batch.keys)
+            return empty.batch
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
+        # verl's first step after sampling the batch (and scoring it): nothing of the update has run yet.
+        if not has_loss_token(batch):
+            raise NothingToTrain(batch)
+        return super()._balance_batch(batch, metrics, *args, **kwargs)
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        skipped, self._skipped_keys = self._skipped_keys, frozenset()
+        metrics.setdefault("agentrl/skipped_batches", 0.0)
+        if not skipped:
+            super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+            return
+        trained = [i for i, key in enumerate(batch.keys) if key not in skipped]
+        if trained:
+            super()._compute_metrics(KVBatchMeta(partition_id=batch.partition_id, keys=[batch.keys[i] for i in trained],
+                                                 tags=[batch.tags[i] for i in trained]),
+                                     metrics, timing_raw, global_steps, epoch)
+        else:
+            metrics.update({"training/global_step": global_steps, "training/epoch": epoch,
+                             **{f"timing_s/{name}": value for name, value in timing_raw.items()}})
+
+
+class AgentRLSyncTrainer(CrossPolicyTrainerMixin, TaskAwareTrainerMixin, SkipEmptyBatchMixin, PPOTrainerSync):
     """verl's synchronous V1 trainer with task-aware advantages, per-task episode metrics and (when
     ``agentrl.cross_policy.enable``) cross-policy sampling."""
 

@@ -61,6 +61,10 @@ PRIVATE: tuple[Private, ...] = (
     Private(f"{_TRAINER}._compute_metrics", "override", f"{_SYNC}, {_ASYNC}, {_POOL}",
             ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")),
     Private(f"{_TRAINER}._setup", "override", f"{_SYNC}, {_POOL}", ("self",)),
+    # Skipping the update of a batch without a loss token (SkipEmptyBatchMixin).
+    Private(f"{_TRAINER}._step_once", "override", _SYNC, ("self", "metrics", "timing_raw", "sample_batch_size")),
+    Private(f"{_TRAINER}._balance_batch", "override", _SYNC, ("self", "batch", "metrics", "logging_prefix",
+                                                            "keep_minibatch")),
     Private(f"{_TRAINER}._build_replay_buffer", "override", _ASYNC, ("self",)),
     Private(f"{_TRAINER}._save_checkpoint", "override", _ASYNC, ("self",)),
     Private(f"{_TRAINER}._next_train_batch", "call", _ASYNC, ("self", "num_prompts")),

@@ -21,6 +21,7 @@ from agentrl_verl.core.trainer import (
     ESTIMATOR_NAME,
     TRAINER_MODE,
     AgentRLSyncTrainer,
+    SkipEmptyBatchMixin,
     batch_tasks,
     compute_task_norm_grpo_advantage,
     episode_metrics,
@@ -121,6 +122,53 @@ def test_fit_waits_for_the_agent_loop_workers_and_logs_the_wait_with_step_1(monk
     trainer._compute_metrics(None, step_1, {}, 1, 0)
     trainer._compute_metrics(None, step_2, {}, 2, 0)
     assert step_1["agentrl/agent_loop_ready_s"] == 2.5 and "agentrl/agent_loop_ready_s" not in step_2
+
+def test_a_batch_without_a_loss_token_skips_its_update_and_only_its_rows_leave_verls_metrics(monkeypatch):
+    from transfer_queue import KVBatchMeta
+
+    from agentrl_verl.core import trainer as trainer_module
+
+    masks = {"a": [0, 0], "b": [0], "c": [1, 0], "d": [0, 0]}  # per row key: its response mask
+    monkeypatch.setattr(trainer_module, "batch_fields", lambda batch, name: {name: [masks[k] for k in batch.keys]})
+
+    class Verl:  # verl's step as far as the mixin sees it: sample, balance, update; then the step's metrics
+        def __init__(self, batches):
+            self.batches, self.updated, self.measured, self.global_steps = iter(batches), [], [], 1
+
+        def _step_once(self, metrics, timing_raw, sample_batch_size):
+            keys = next(self.batches)
+            batch = self._balance_batch(KVBatchMeta(partition_id="train", keys=keys, tags=[{}] * len(keys)), metrics)
+            self.updated.append(batch.keys)
+            return batch
+
+        def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+            return KVBatchMeta(partition_id="train", keys=batch.keys, tags=[{"n": k} for k in batch.keys])
+
+        def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+            self.measured.append((batch.keys, [tag["n"] for tag in batch.tags]))
+
+    class Trainer(SkipEmptyBatchMixin, Verl):
+        pass
+
+    trainer = Trainer([["a", "b"], ["c", "d"], ["d"], ["c"]])
+    # One step of two local updates (parameter_sync_step 2): the first batch is all masked, the second is not.
+    step = {}
+    first, second = trainer._step_once(step, {}, 2), trainer._step_once(step, {}, 2)
+    assert first.keys == ["a", "b"] and trainer.updated == [["c", "d"]]
+    trainer._compute_metrics(KVBatchMeta(partition_id="train", keys=first.keys + second.keys,
+                                         tags=[{"n": "a"}, {"n": "b"}, *second.tags]), step, {}, 1, 0)
+    assert step["agentrl/skipped_batches"] == 1 and trainer.measured == [(["c", "d"], ["c", "d"])]
+    # A step whose only batch is all masked: none of verl's metrics, the step's own counters and times.
+    step = {}
+    trainer._compute_metrics(trainer._step_once(step, {}, 1), step, {"step": 2.0}, 2, 0)
+    assert step == {"agentrl/skipped_batches": 1.0, "training/global_step": 2, "training/epoch": 0,
+                    "timing_s/step": 2.0}
+    assert len(trainer.measured) == 1
+    # A batch with a loss token: trained and measured whole.
+    step = {}
+    trainer._compute_metrics(trainer._step_once(step, {}, 1), step, {}, 3, 0)
+    assert step == {"agentrl/skipped_batches": 0.0} and trainer.measured[-1] == (["c"], ["c"])
+
 
 def test_start_model_wait_ends_when_the_directory_appears_and_times_out_naming_the_key(tmp_path):
     model = tmp_path / "warmup_model"
