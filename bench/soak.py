@@ -34,6 +34,7 @@ import logging
 import math
 import random
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -53,7 +54,6 @@ logger = logging.getLogger("bench.soak")
 
 POLICIES = {"good": 0.5, "malformed": 0.3, "abandoned": 0.2}
 MAX_TURNS = 12
-STACK_TEMP_PREFIXES = ("agentrl-",)  # the stack's servers, containers' scratch and logs all start so
 
 
 def available_families() -> dict[str, dict[str, Any]]:
@@ -192,12 +192,31 @@ def stack_containers() -> float:
 
         client = docker.from_env()
         try:
-            return float(len(client.containers.list(all=True, filters={"label": LABEL_SANDBOX})))
+            # sparse: no inspection of each container, which fails for one removed meanwhile
+            return float(len(client.containers.list(all=True, sparse=True, filters={"label": LABEL_SANDBOX})))
         finally:
             client.close()
     except Exception as error:
         logger.warning("containers not counted: %r", error)
         return float("nan")
+
+
+def stack_temp_entries(pids: set[int]) -> list[Path]:
+    """Entries of the temporary folder made by the stack's processes: named ``agentrl-KIND-PID-...`` after their
+    owner (servers' folders, the kg store's files), so other stacks on the machine are not counted."""
+    return [p for p in Path(tempfile.gettempdir()).glob("agentrl-*")
+            if any(f"-{pid}-" in p.name for pid in pids)]
+
+
+def size_mib(path: Path) -> float:
+    """Bytes under ``path``, in MiB; files that go meanwhile count 0."""
+    total = 0
+    for f in [path] if path.is_file() else path.rglob("*"):
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except OSError:
+            continue
+    return total / 2**20
 
 
 def sample(stack: EnvStack, interacts_per_s: float) -> dict[str, float]:
@@ -206,13 +225,13 @@ def sample(stack: EnvStack, interacts_per_s: float) -> dict[str, float]:
     for label, proc in [("controller", stack.controller), *stack.workers]:
         for name, value in tree_usage(proc.pid).items():
             row[f"{label}/{name}"] = value
-    temp = Path(tempfile.gettempdir())
+    pids = {proc.pid for _, proc in stack.workers}
+    entries = stack_temp_entries(pids)
     row["containers"] = stack_containers()
-    row["mariadb_databases"] = float(sum(1 for _ in temp.glob(f"{MARIADB_PREFIX}*/data/{DB_PREFIX}*")))
-    stack_files = [p for prefix in STACK_TEMP_PREFIXES for p in temp.glob(f"{prefix}*")]
-    row["temp_entries"] = float(len(stack_files))
-    row["temp_mib"] = sum(f.stat().st_size for p in stack_files for f in ([p] if p.is_file() else p.rglob("*"))
-                          if f.is_file()) / 2**20
+    row["mariadb_databases"] = float(sum(1 for p in entries if p.name.startswith(MARIADB_PREFIX)
+                                         for _ in p.glob(f"data/{DB_PREFIX}*")))
+    row["temp_entries"] = float(len(entries))
+    row["temp_mib"] = sum(size_mib(p) for p in entries)
     return row
 
 
@@ -278,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the stack stops, the report is written
     families = available_families()
     if args.families:
         unknown = set(args.families.split(",")) - set(families)
@@ -309,10 +329,16 @@ def main(argv: list[str] | None = None) -> int:
                             row["t"], rate, row["controller/rss_mib"], row["containers"], row["temp_entries"])
             await driver
 
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except KeyboardInterrupt:
+            logger.warning("interrupted after %d samples: the report covers them", len(samples))
+    if not samples:
+        logger.error("no sample was taken: nothing to report")
+        return 1
     series = report(samples, args.settle, args.tolerance)
     summary = {"command": "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv),
-               "duration_s": args.duration, "families": list(families), "settle_s": args.settle,
+               "duration_s": samples[-1]["t"], "families": list(families), "settle_s": args.settle,
                "interacts": counter[0], "failed_sessions": counter[1],
                "samples_fitted": sum(s["t"] >= args.settle for s in samples), "series": series, "samples": samples}
     args.out.mkdir(parents=True, exist_ok=True)
