@@ -1,11 +1,13 @@
 """Training runs (verl's real ``main_ppo`` on CPU) that lose a part of themselves with episodes in flight: the
-environment's controller killed with SIGKILL and started again on its port a few seconds later, then one of its two
-workers killed while both serve episodes (one asynchronous run takes both, and shows the pipeline's staleness
-properties through them: each run costs verl's start-up); the driver killed between checkpoints and resumed."""
+environment's controller killed with SIGKILL and started again on its port a few seconds later, then one of its three
+workers killed and another frozen (SIGSTOP) while they serve episodes (one asynchronous run takes all of it, and shows
+the pipeline's staleness properties through them: each run costs verl's start-up); the driver killed between
+checkpoints and resumed."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -22,6 +24,9 @@ from agentrl_verl.tools.cli import main as agentrl_verl_cli
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 3.0
+# The controller declares a silent worker down after HEARTBEAT_TIMEOUT_S; its sweep runs every CLEAN_INTERVAL_S.
+CONTROLLER = {"heartbeat_timeout": 3, "clean_interval": 0.5}
+FREEZE_BOUND_S = 30  # a hang guard for the waits until a worker is declared down (3.5 s by the settings)
 # Multi-turn episodes with a delay per environment step: they keep their sessions open long enough to be caught in
 # flight, and run on across the asynchronous trainer's weight updates.
 WORKER = {"task": "latency_chatter_task:LatencyChatterTask", "name": "chatter", "concurrency": 32,
@@ -41,21 +46,43 @@ def running_sessions(url: str) -> list[str]:
     return [s["worker_id"] for s in list_sessions(url).values() if s["status"] == "running"]
 
 
-def test_an_async_run_survives_its_controller_killed_and_then_a_worker_killed_mid_episode(start_stack, tmp_path,
-                                                                                        run_main_ppo):
-    killed_in_flight = []
+def wait_until(condition, bound_s: float = FREEZE_BOUND_S) -> float:
+    """Poll ``condition`` until it holds or ``bound_s`` passed; returns the seconds waited."""
+    started = time.monotonic()
+    while not condition() and time.monotonic() - started < bound_s:
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_an_async_run_survives_its_controller_killed_a_worker_killed_and_another_frozen(start_stack, tmp_path,
+                                                                                  run_main_ppo):
+    killed_in_flight, frozen_in_flight, declared_down_s = [], [], []
     outcome: dict = {}
 
     def faults() -> None:
         stack.kill_controller()  # the episodes in flight lose their sessions
         time.sleep(OUTAGE_S)
         stack.restart_controller()  # the workers re-register by heartbeat; the episodes are played again
-        # Then one worker dies under its sessions (both serve some): they end at the controller, marked env_lost, and
-        # their episodes go to the other worker. Without the replay of env_lost episodes, a task error is trained.
+        # Then one worker dies under its sessions (all three serve some): they end at the controller, marked
+        # env_lost, and their episodes go to the others. Without the replay of env_lost episodes, a task error is
+        # trained.
+        while run.is_alive() and len(set(running_sessions(stack.url))) < 3:
+            time.sleep(0.1)
+        killed_in_flight.append(len(set(running_sessions(stack.url))) == 3)
+        stack.kill_worker(0)
+        # Then a live worker stops answering with its connections open (a stopped process): once its heartbeats are
+        # missed its sessions end marked env_lost and are played again on the other; resumed, it is used again.
+        # (First the killed worker is declared down: the running sessions are then the two live workers'.)
+        wait_until(lambda: stack.alive_workers() <= 2)
         while run.is_alive() and len(set(running_sessions(stack.url))) < 2:
             time.sleep(0.1)
-        killed_in_flight.append(len(set(running_sessions(stack.url))) == 2)
-        stack.kill_worker(0)
+        frozen_in_flight.append(len(set(running_sessions(stack.url))) == 2)
+        frozen = stack.workers[1][1].pid
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            declared_down_s.append(wait_until(lambda: stack.alive_workers() <= 1))
+        finally:
+            os.kill(frozen, signal.SIGCONT)
 
     def train() -> None:
         try:
@@ -80,7 +107,7 @@ def test_an_async_run_survives_its_controller_killed_and_then_a_worker_killed_mi
 
     # Four steps of 0.4 s: episodes outlive a training step (as test_async_e2e.py's).
     options = {"rounds": 4, "size": 16, "step_latency": {"dist": "fixed", "s": 0.4}}
-    with start_stack([{**WORKER, "replicas": 2, "options": options}]) as stack:
+    with start_stack([{**WORKER, "replicas": 3, "options": options}], CONTROLLER) as stack:
         assert agentrl_verl_cli(["make-data", "--controller", stack.url, "--out", str(tmp_path), "--train-size", "32",
                                  "--val-fraction", "0.25", "--seed", "0"]) == 0
         run = threading.Thread(target=train)
@@ -94,11 +121,13 @@ def test_an_async_run_survives_its_controller_killed_and_then_a_worker_killed_mi
             run.join()
         if "error" in outcome:
             raise outcome["error"]
-        assert stack.alive_workers() == 1
+        assert stack.alive_workers() == 2  # the killed worker is gone, the frozen one back
     steps = outcome["steps"]
     assert sorted(steps) == list(range(1, STEPS + 1))
-    assert killed_in_flight == [True]
-    # The outage and the lost worker cost attempts, played again on their prompts: every group was trained whole.
+    assert killed_in_flight == [True] and frozen_in_flight == [True]
+    # Declared down within the heartbeat bound and a sweep (the hang guard would have let it run to 30 s).
+    assert declared_down_s[0] < CONTROLLER["heartbeat_timeout"] + 5, declared_down_s
+    # The outage and the lost workers cost attempts, played again on their prompts: every group was trained whole.
     assert sum(m.get("agentrl/chatter/env_retries", 0) for m in steps.values()) > 0
     assert max(m.get("agentrl/chatter/env_unavailable_s", 0) for m in steps.values()) > 0
     for step, m in steps.items():
