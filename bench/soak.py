@@ -23,6 +23,8 @@ Usage::
 
     python -m bench.soak [--duration 3600] [--sample-every 60] [--settle 300] [--concurrency 4]
         [--families calc,kg,db,os,alfworld,webshop] [--out bench/results/soak]
+
+Results and how to read them: ``docs/environments/soak.md``.
 """
 
 from __future__ import annotations
@@ -288,15 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=3600.0)
     parser.add_argument("--sample-every", type=float, default=60.0)
-    parser.add_argument("--settle", type=float, default=300.0)
+    # The controller keeps finished sessions for finished_ttl (600 s): its memory rises until they start to expire.
+    parser.add_argument("--settle", type=float, default=900.0, help="seconds before the fitted samples")
     parser.add_argument("--concurrency", type=int, default=4, help="session loops per family")
     parser.add_argument("--families", default=None, help="comma-separated (default: all that run here)")
     parser.add_argument("--idle-timeout", type=float, default=30.0, help="the controller's session_idle_timeout")
     parser.add_argument("--tolerance", type=float, default=0.05, help="growth per hour, as a share of the mean")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak"))
+    parser.add_argument("--reanalyse", type=Path, default=None, metavar="REPORT_JSON",
+                        help="fit the samples of an earlier run's report.json again (--settle, --tolerance) and write "
+                             "the report to --out; runs nothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.reanalyse is not None:
+        return write_report(json.loads(args.reanalyse.read_text()), args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the stack stops, the report is written
     families = available_families()
     if args.families:
@@ -336,11 +344,19 @@ def main(argv: list[str] | None = None) -> int:
     if not samples:
         logger.error("no sample was taken: nothing to report")
         return 1
+    command = "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv)
+    summary = {"command": command, "duration_s": samples[-1]["t"], "families": list(families),
+               "interacts": counter[0], "failed_sessions": counter[1], "samples": samples}
+    return write_report(summary, args)
+
+
+def write_report(summary: dict[str, Any], args: argparse.Namespace) -> int:
+    """Fit the series of ``summary``'s samples (``args.settle``, ``args.tolerance``), write the report to
+    ``args.out`` and print it with the series that grew."""
+    samples = summary["samples"]
     series = report(samples, args.settle, args.tolerance)
-    summary = {"command": "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv),
-               "duration_s": samples[-1]["t"], "families": list(families), "settle_s": args.settle,
-               "interacts": counter[0], "failed_sessions": counter[1],
-               "samples_fitted": sum(s["t"] >= args.settle for s in samples), "series": series, "samples": samples}
+    summary = {**summary, "settle_s": args.settle, "samples_fitted": sum(s["t"] >= args.settle for s in samples),
+               "series": series}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(summary, indent=1))
     (args.out / "report.md").write_text(markdown(summary))
@@ -348,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     grown = [name for name, s in series.items() if s["grows"] and name != "interacts_per_s"]
     print(f"growing series: {grown or 'none'}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

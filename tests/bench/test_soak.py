@@ -43,3 +43,10 @@ def test_a_short_soak_of_calc_writes_its_report(tmp_path):
     assert {"controller/rss_mib", "worker0.0-calc/open_files", "interacts_per_s"} <= set(summary["series"])
     assert "| controller/rss_mib |" in (tmp_path / "report.md").read_text()
     assert done.stdout.strip().splitlines()[-1].startswith("growing series:")
+    # An earlier run's samples fitted again from a later point: the same samples, fewer of them fitted.
+    again = subprocess.run([sys.executable, "-m", "bench.soak", "--reanalyse", str(tmp_path / "report.json"),
+                            "--settle", "4", "--out", str(tmp_path / "again")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-3000:]
+    refit = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert refit["samples"] == summary["samples"] and refit["samples_fitted"] < summary["samples_fitted"]
