@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import signal
@@ -203,21 +205,33 @@ def stack_containers() -> float:
         return float("nan")
 
 
+def names(folder: Path, prefix: str) -> list[str]:
+    """Names in ``folder`` that start with ``prefix`` (none where the folder is gone: the stack changes it)."""
+    try:
+        return [name for name in os.listdir(folder) if name.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def stack_temp_entries(pids: set[int]) -> list[Path]:
     """Entries of the temporary folder made by the stack's processes: named ``agentrl-KIND-PID-...`` after their
     owner (servers' folders, the kg store's files), so other stacks on the machine are not counted."""
-    return [p for p in Path(tempfile.gettempdir()).glob("agentrl-*")
-            if any(f"-{pid}-" in p.name for pid in pids)]
+    temp = Path(tempfile.gettempdir())
+    return [temp / name for name in names(temp, "agentrl-") if any(f"-{pid}-" in name for pid in pids)]
 
 
 def size_mib(path: Path) -> float:
     """Bytes under ``path``, in MiB; files that go meanwhile count 0."""
     total = 0
-    for f in [path] if path.is_file() else path.rglob("*"):
-        try:
-            total += f.stat().st_size if f.is_file() else 0
-        except OSError:
-            continue
+    for folder, _, files in os.walk(path, onerror=lambda error: None):  # a folder removed meanwhile is skipped
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    if not total and path.is_file():
+        with contextlib.suppress(OSError):
+            total = path.stat().st_size
     return total / 2**20
 
 
@@ -230,8 +244,8 @@ def sample(stack: EnvStack, interacts_per_s: float) -> dict[str, float]:
     pids = {proc.pid for _, proc in stack.workers}
     entries = stack_temp_entries(pids)
     row["containers"] = stack_containers()
-    row["mariadb_databases"] = float(sum(1 for p in entries if p.name.startswith(MARIADB_PREFIX)
-                                         for _ in p.glob(f"data/{DB_PREFIX}*")))
+    row["mariadb_databases"] = float(sum(len(names(p / "data", DB_PREFIX)) for p in entries
+                                         if p.name.startswith(MARIADB_PREFIX)))
     row["temp_entries"] = float(len(entries))
     row["temp_mib"] = sum(size_mib(p) for p in entries)
     return row
@@ -331,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
                 now = time.monotonic()
                 rate = (counter[0] - last_n) / max(now - last_t, 1e-9)
                 last_t, last_n = now, counter[0]
-                row = {"t": now - start, **sample(stack, rate)}
+                try:
+                    row = {"t": now - start, **sample(stack, rate)}
+                except Exception:  # the soak outlives a sample it could not take (it is missing from the fit)
+                    logger.exception("sample at %.0f s failed", now - start)
+                    continue
                 samples.append(row)
                 logger.info("%.0f s: %.1f interacts/s, controller %.0f MiB, containers %s, temp entries %.0f",
                             row["t"], rate, row["controller/rss_mib"], row["containers"], row["temp_entries"])
