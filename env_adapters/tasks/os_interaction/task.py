@@ -169,18 +169,28 @@ class OSSession(ToolSession):
     # ---- internals -----------------------------------------------------------------------------------
 
     async def _bash(self, script: str) -> str:
-        result: CommandResult = await self.task.call(self.shell.run, script, timeout=self.task.command_timeout)
+        try:
+            result: CommandResult = await self.task.call(self.shell.run, script, timeout=self.task.command_timeout)
+        except ShellBroken:  # nothing could stop the command (a paused container refuses the kill's exec, too)
+            await self._lost_unless_running("could not be stopped")
+            raise
         self.commands += 1
         self.command_seconds += result.seconds
         self.timeouts += int(result.timed_out)
         if result.timed_out:
-            # A command may run too long by the agent's doing, or because the container stopped running it (paused,
-            # frozen by its host, gone): the second is the environment's fault, not the agent's.
-            state = await self.task.call(self._container_state)
-            if state != "running":
-                raise EnvironmentLost(f"the session's container {self.container.short_id} is {state}: its command "
-                                      f"got no answer for {self.task.command_timeout:g} s")
+            await self._lost_unless_running(f"got no answer for {self.task.command_timeout:g} s")
         return format_output(result, self.task.output_limit, self.task.command_timeout)
+
+    async def _lost_unless_running(self, what: str) -> None:
+        """A command may fail by the agent's doing, or because the container stopped running it (paused, frozen by
+        its host, gone): the second is the environment's loss, not the agent's.
+
+        Raises:
+            EnvironmentLost: The container is not running.
+        """
+        state = await self.task.call(self._container_state)
+        if state != "running":
+            raise EnvironmentLost(f"the session's container {self.container.short_id} is {state}: its command {what}")
 
     def _container_state(self) -> str:
         try:

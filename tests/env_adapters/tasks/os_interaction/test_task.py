@@ -113,18 +113,22 @@ async def test_endless_output_and_timeouts_are_cut_and_reported(open_session):
     assert out == "/tmp\n"
 
 
-async def test_a_command_timing_out_in_a_paused_container_is_the_environments_loss(task, monkeypatch):
-    # The same `sleep` as above, timing out while the container is paused (a frozen host): the episode is the
-    # environment's to lose (the module's fixture checks that no container is left). The pause is stubbed where the
-    # session reads the container's state: `docker pause` needs the cgroup freezer, which this machine's Docker lacks
-    # ("OCI runtime pause failed: unable to freeze").
+async def test_a_command_timing_out_in_a_paused_container_is_the_environments_loss(task):
+    # A frozen host: the session's container is paused (`docker pause`) before a command it will never answer. The
+    # command times out as an agent's too-long one would, and the container's state makes it the environment's loss;
+    # unpaused, the container goes with the session (the module's fixture checks that none is left).
     session = await task.start_session(13)
     await session.reset()
-    monkeypatch.setattr(session, "_container_state", lambda: "paused")
+    try:
+        await asyncio.to_thread(session.container.pause)
+    except docker.errors.APIError as error:  # the daemon has no cgroup freezer ("unable to freeze")
+        await session.close()
+        pytest.skip(f"this Docker daemon cannot pause a container: {error}")
     try:
         with pytest.raises(EnvironmentLost, match="is paused"):
-            await bash(session, "sleep 60")
+            await bash(session, "echo answered")
     finally:
+        await asyncio.to_thread(session.container.unpause)
         await session.close()
 
 
