@@ -137,7 +137,8 @@ async def play(env: EnvClient, family: str, shadow: Task | None, index: Any, pol
 
 async def drive(url: str, families: dict[str, dict[str, Any]], concurrency: int, duration: float, seed: int,
                 counter: list[int]) -> None:
-    """``concurrency`` session loops per family until ``duration`` has passed; ``counter[0]`` counts interacts."""
+    """``concurrency`` session loops per family until ``duration`` has passed; ``counter`` counts the interacts and
+    the sessions that failed."""
     shadows = {family: None if family == "os" else get_task_class(family)(**options)
                for family, options in families.items()}
     async with EnvClient(url) as env:
