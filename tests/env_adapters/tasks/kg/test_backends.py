@@ -199,3 +199,14 @@ async def test_the_store_process_finds_pyoxigraph_where_its_parent_does(tmp_path
     finally:
         await backend.close()
     assert marker.exists()
+
+
+async def test_an_endpoint_that_accepts_and_never_answers_is_unhealthy():
+    # A frozen store (a stopped process: the kernel still accepts the connection) fails the health check at its bound.
+    silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    backend = EndpointBackend(f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}/sparql")
+    try:
+        assert not await backend.alive()
+    finally:
+        await backend.close()
+        silent.close()

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -94,14 +93,7 @@ async def test_oracle_and_parity_with_embedded():
         assert (await long_query_reply(embedded)).startswith("Observation: [")
         # Seven: Virtuoso refuses the SQL it would generate as too long; the agent gets the family's tool error.
         assert (await long_query_reply(virtuoso, 7)).startswith("Error processing tool call: the store refused")
-        # A stopped server accepts connections and answers nothing: its worker reports itself unhealthy meanwhile.
-        assert await virtuoso.healthy()
-        os.kill(server_pid, signal.SIGSTOP)
-        try:
-            assert not await virtuoso.healthy()
-        finally:
-            os.kill(server_pid, signal.SIGCONT)
-        assert await virtuoso.healthy()
+        assert await virtuoso.healthy()  # a store that answers (one that does not: test_backends.py)
     finally:
         await virtuoso.teardown()
         await embedded.teardown()
