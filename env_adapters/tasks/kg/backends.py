@@ -302,7 +302,7 @@ class EndpointBackend(SparqlBackend):
     async def alive(self) -> bool:
         """An ``ASK {}`` answered within :data:`HEALTH_TIMEOUT_S` with SPARQL JSON (a stopped server accepts the
         connection and never answers: without the check its worker would keep getting sessions). The check opens its
-        own connection: a reply left on a pooled one could never be taken for a live server's."""
+        own connection, so that it never queues behind the queries in flight (``max_connections``)."""
         http = HTTPClient(headers={"Accept": SPARQL_JSON}, timeout=HEALTH_TIMEOUT_S)
         try:
             reply = await http.request("GET", f"{self.url}?{urlencode({'query': 'ASK {}'})}")
