@@ -170,6 +170,18 @@ def test_a_batch_without_a_loss_token_skips_its_update_and_only_its_rows_leave_v
     assert step == {"agentrl/skipped_batches": 0.0} and trainer.measured[-1] == (["c"], ["c"])
 
 
+def test_both_trainer_modes_skip_empty_batches_right_above_verls_trainer():
+    # The mixin must be the last class before verl's in either mode's MRO: the other mixins' _compute_metrics then
+    # see only what a skipped batch leaves (its end-to-end run: tests/agentrl_verl/e2e/test_empty_batch_e2e.py).
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from agentrl_verl.core.async_trainer import AgentRLAsyncTrainer
+
+    for trainer, verls in ((AgentRLSyncTrainer, PPOTrainerSync), (AgentRLAsyncTrainer, PPOTrainer)):
+        mro = trainer.__mro__
+        assert mro[mro.index(SkipEmptyBatchMixin) + 1] is verls, trainer
+
+
 def test_start_model_wait_ends_when_the_directory_appears_and_times_out_naming_the_key(tmp_path):
     model = tmp_path / "warmup_model"
     assert wait_for_start_model(str(model), 0.0) < 1  # no wait configured: verl reports a missing model itself
