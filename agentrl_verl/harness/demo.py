@@ -15,7 +15,8 @@ What it does, in order (settings: ``presets/demo_run.yaml``, RL preset ``presets
    cross-policy sampling, showing each step's reward and success per task as it goes. A run that stalls (no
    step and no output for ``rl.stall_s``) is stopped; there is no limit on its length. It is launched before
    step 4, whose evaluation plays beside verl's start-up; where the warm-up trains on a GPU, before steps 2 and 3
-   too (``rl.start_with_warmup``), its trainer waiting for the warmed-up model (``agentrl.start_model_wait_s``).
+   too (``rl.start_with_warmup``), its trainer waiting (``agentrl.start_model_wait_s``) for its start model, which
+   appears once step 4 is done: the evaluation and RL never hold the GPU at once.
 6. Loads the actor verl saved (its HF export) and evaluates again on the same held-out indices.
 7. Writes ``summary.json``, ``summary.md`` (a table), ``learning_curve.png`` and ``trajectories.jsonl`` to
    ``--output-dir``.
@@ -284,15 +285,17 @@ def _run_phases(progress: DemoProgress) -> None:
 
         # The warm-up model's directory is known before it exists, and appears whole: where the warm-up trains on a
         # GPU, verl's run starts first (rl.start_with_warmup) and its start-up - processes importing verl one after
-        # another - overlaps the warm-up, its trainer waiting for the model (agentrl.start_model_wait_s).
-        # Everywhere, the evaluation before RL plays beside that start-up.
+        # another - overlaps the warm-up and the evaluation before RL, its trainer waiting for its start model
+        # (agentrl.start_model_wait_s), a link to the warm-up's that appears once that evaluation is done: the two
+        # never hold the card at once (with SmolLM2 the evaluation's 26 GiB beside RL's ran an H100 out of memory).
         plan = plan_warmup(model_dir, config, tasks, default_cache_dir() / "demo", output_dir=out)
         early = config.rl.starts_with_warmup(config.warmup.device)
+        start_model = out / "rl_start_model" if early else Path(plan.path)
         batch = int(OmegaConf.select(rl_preset_values(config.rl), "data.train_batch_size"))
         train_file, val_file = write_datasets(out / "data", split.train, split.held_out,
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
-        progress.command = rl_command(str(plan.path), train_file, val_file, stack.url, out, ray_dir, config.rl,
+        progress.command = rl_command(str(start_model), train_file, val_file, stack.url, out, ray_dir, config.rl,
                                       config.seed, start_model_wait_s=config.rl.stall_s if early else 0.0)
         rl = RLRun(progress.command, out, progress.tasks, config.rl)
         try:
@@ -313,6 +316,8 @@ def _run_phases(progress: DemoProgress) -> None:
                 rl.start()
             progress.before = evaluate(warm.result.path)
             progress.lap("eval_before_s", t)
+            if early:
+                start_model.symlink_to(Path(warm.result.path).resolve(), target_is_directory=True)
             rl.wait()
         except BaseException:
             rl.stop()
