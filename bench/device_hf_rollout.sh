@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The hf rollout backend on a GPU machine without vLLM/SGLang (the `device` tool), in one command:
-#   1. bench.hf_rollout with a random Qwen2 of Qwen2.5-0.5B's shape (bf16) at 1, 8 and 32 concurrent requests;
+#   1. bench.hf_rollout with random weights (bf16) of Qwen2.5-0.5B's shape at 1, 8 and 32 concurrent requests and of
+#      SmolLM2-135M's at 1, 8, 32, 64 and 128 (BENCH_ONLY=1: this stage alone);
 #   2. the hf server as a Ray actor placed on the GPU, loaded through the verl plugin (platform must be nvidia);
 #   3. verl's main_ppo (GRPO, 2 steps) with rollout.name=hf and the cpu_tiny preset, on the GPU.
 # Prepare once here:  bash ../shared/device/make_bundle.sh .verl_bundle && cp ../shared/device/install.sh .verl_bundle/
 # (stages 2-3 need the environment side's wheels in the bundle: httptools, uvloop, orjson and docker for the
 # environment client the plugin imports, pyoxigraph for the kg episodes the tiny model's tokenizer is trained on).
 # Run (device tool):  carry [".verl_bundle"], command "bash bench/device_hf_rollout.sh"
-# Results go to $OUT (bench.txt, server.txt, main_ppo.txt).
+# Results go to $OUT (bench.txt, bench_smollm2.txt, server.txt, main_ppo.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/hf_rollout_out}
 mkdir -p "$OUT"
@@ -20,6 +21,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 echo "== 1. bench"
 timeout 300 python3 -m bench.hf_rollout --model qwen2-0.5b --concurrency 1 8 32 --prompt-len 128 --new-tokens 128 --repeats 3 \
   2>&1 | tee "$OUT/bench.txt"
+timeout 300 python3 -m bench.hf_rollout --model smollm2-135m --concurrency 1 8 32 64 128 --prompt-len 128 \
+  --new-tokens 128 --repeats 2 2>&1 | tee "$OUT/bench_smollm2.txt"
+[ "${BENCH_ONLY:-0}" = 1 ] && exit 0
 
 python3 -c "import httptools, uvloop, orjson, docker, pyoxigraph" ||
   { echo "stages 2-3 skipped: the bundle lacks the environment side's wheels (see the top of this script)"; exit 1; }

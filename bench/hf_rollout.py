@@ -6,6 +6,7 @@ Both decode greedily for a fixed number of new tokens (eos ignored), so they do 
 
     python -m bench.hf_rollout                       # tiny model on CPU
     python -m bench.hf_rollout --model qwen2-0.5b    # random Qwen2 of Qwen2.5-0.5B's shape (GPU), bf16
+    python -m bench.hf_rollout --model smollm2-135m --concurrency 1 8 32 64 128   # SmolLM2-135M's shape
 
 Last line: ``key=value`` pairs (tokens/s per concurrency for both, and their ratio).
 
@@ -26,25 +27,34 @@ from agentrl_verl.backends.hf_rollout.sampling import SamplingParams
 
 logger = logging.getLogger("bench.hf_rollout")
 
-# Qwen2.5-0.5B's architecture (random weights: no model hub here).
-QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True)
+# Architectures of real models, with random weights (no model hub here; throughput does not depend on the weights).
+SHAPES = {
+    "qwen2-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                 tie_word_embeddings=True)),
+    # SmolLM2-135M-Instruct (`agentrl-verl build-model smollm2`): llama, 30 thin layers, a 49,152-token vocabulary.
+    "smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                   max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True)),
+}
 
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """The bench's model: ``tiny`` (the demo's, trained weights) or one of :data:`SHAPES` with random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if name == "tiny":
         from agentrl_verl.models.tiny import build_tiny_model
 
         model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=dtype, attn_implementation="sdpa")
-    elif name == "qwen2-0.5b":
+    elif name in SHAPES:
+        model_type, shape = SHAPES[name]
         torch.manual_seed(0)
-        config = Qwen2Config(**QWEN2_05B, attn_implementation="sdpa")
+        config = AutoConfig.for_model(model_type, **shape, attn_implementation="sdpa")
         with device:  # random init on the GPU: seconds instead of half a minute on the host
-            model = Qwen2ForCausalLM(config).to(dtype)
+            model = AutoModelForCausalLM.from_config(config).to(dtype)
     else:
-        raise ValueError(f"unknown model {name!r}: use tiny or qwen2-0.5b")
+        raise ValueError(f"unknown model {name!r}: use tiny or one of {', '.join(SHAPES)}")
     return model.to(device).eval()
 
 
@@ -107,7 +117,7 @@ async def main(args: argparse.Namespace) -> dict[str, str]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="tiny | qwen2-0.5b")
+    parser.add_argument("--model", default="tiny", help=f"tiny | {' | '.join(SHAPES)}")
     parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bf16 on GPU, fp32 on CPU)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
