@@ -44,7 +44,7 @@ from env_adapters.launcher import EnvStack
 
 HERE = Path(__file__).parent
 ARITH = HERE / "arith_data.py"
-RUN_TIMEOUT_S = 420
+RUN_TIMEOUT_S = 540  # a hang guard below pytest-timeout's 600 s: a verl run here takes 70-300 s, more beside heavy work
 # Larger than the preset's so that two steps move the actor visibly away from a frozen rollout.
 LR = "5e-3"
 # The environment scores every episode of the agentrl_agent loop: a reward worker (one more process importing verl,

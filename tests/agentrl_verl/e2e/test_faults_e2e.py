@@ -157,7 +157,7 @@ def test_an_async_run_survives_its_controller_killed_a_worker_killed_and_another
     assert sum(m["async/resumed_turns"] for m in steps.values()) == 0  # no interruption: updates land between turns
 
 
-@pytest.mark.timeout(1500)  # two runs of up to 420 s each (conftest's hang guard) and up to 300 s between them
+@pytest.mark.timeout(1500)  # two runs of up to 540 s each (conftest's hang guard) and up to 300 s between them
 def test_an_async_run_killed_between_checkpoints_resumes_where_it_saved(start_stack, tmp_path, run_main_ppo):
     # The paper's configuration: agentrl_async with cross-policy sampling. Its driver is killed with SIGKILL after the
     # checkpoint of step 2, with step 3's groups in flight; the same command with resume_mode=auto trains steps 3
