@@ -252,7 +252,7 @@ class AgentRLConfig:
     start_model_wait_s: StrictFloat = Field(
         0.0, ge=0.0, description="seconds the trainer waits for the start model directory (`config.json` in "
         "`actor_rollout_ref.model.path`) to appear before it loads it, for a run launched while that model is still "
-        "being written (the demo's warm-up on a GPU); 0: no wait")
+        "being written (the demo's warm-up and evaluation before RL, on a GPU); 0: no wait")
 
 
 @functools.cache

@@ -66,6 +66,11 @@ from env_adapters.sandbox.containers import docker_available
 
 logger = logging.getLogger(__name__)
 
+START_MODEL_WAIT_S = 6 * 3600.0
+"""How long verl's early-started trainer waits for its start model: the warm-up (up to ``warmup.max_steps``, with its
+checks) and the evaluation before RL, however long they take on the model at hand. The demo stops the run itself
+when a phase fails, and the run gets SIGTERM when the demo dies; this bound only keeps the wait finite."""
+
 # ---- the report ---------------------------------------------------------------------------------------
 
 
@@ -296,7 +301,7 @@ def _run_phases(progress: DemoProgress) -> None:
                                               {t.name: t.weight for t in tasks}, config.rl.steps * batch, config.seed)
         ray_dir = Path(tempfile.mkdtemp(prefix="agentrl-demo-ray-", dir="/tmp"))  # short: Ray's socket path limit
         progress.command = rl_command(str(start_model), train_file, val_file, stack.url, out, ray_dir, config.rl,
-                                      config.seed, start_model_wait_s=config.rl.stall_s if early else 0.0)
+                                      config.seed, start_model_wait_s=START_MODEL_WAIT_S if early else 0.0)
         rl = RLRun(progress.command, out, progress.tasks, config.rl)
         try:
             if early:
