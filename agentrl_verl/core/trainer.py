@@ -174,7 +174,9 @@ def wait_for_start_model(path: str, timeout_s: float, poll_s: float = 0.5, repor
             raise TimeoutError(f"the start model {path} did not appear within agentrl.start_model_wait_s="
                                f"{timeout_s:g} s; whatever writes it (the demo's warm-up) stopped or is slower")
         if now - reported >= report_every_s:
-            logger.info("waiting for the start model %s (%.0f s so far)", path, now - started)
+            # Printed, as verl prints its steps: the line reaches the driver's output (INFO logs of verl's processes
+            # do not), where the demo's stall watchdog sees the run alive during a long warm-up and evaluation.
+            print(f"waiting for the start model {path} ({now - started:.0f} s so far)", flush=True)
             reported = now
         time.sleep(poll_s)
     return time.monotonic() - started
@@ -223,7 +225,7 @@ class TaskAwareTrainerMixin:
         # Before verl's setup, the first to read the model (its tokenizer, then the workers' weights).
         waited = wait_for_start_model(self.config.actor_rollout_ref.model.path, self.agentrl.start_model_wait_s)
         if waited >= 1:
-            logger.info("the start model appeared after %.0f s", waited)
+            print(f"the start model appeared after {waited:.0f} s", flush=True)
         super()._setup()
 
     @property

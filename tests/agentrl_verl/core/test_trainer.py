@@ -192,6 +192,14 @@ def test_start_model_wait_ends_when_the_directory_appears_and_times_out_naming_t
         wait_for_start_model(str(tmp_path / "never"), 0.2, poll_s=0.05)
 
 
+def test_the_start_model_wait_reports_on_stdout_while_it_lasts(tmp_path, capsys):
+    # On stdout, which Ray forwards to the driver: the demo's stall watchdog counts those lines as signs of life.
+    with pytest.raises(TimeoutError):
+        wait_for_start_model(str(tmp_path / "never"), 0.3, poll_s=0.05, report_every_s=0.1)
+    reports = [line for line in capsys.readouterr().out.splitlines() if line.startswith("waiting for the start model")]
+    assert len(reports) >= 2 and str(tmp_path / "never") in reports[0]
+
+
 def test_setup_waits_for_the_start_model_before_verl_reads_it(monkeypatch):
     from verl.trainer.ppo.v1 import trainer_base
 
