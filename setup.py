@@ -33,6 +33,8 @@ TRAIN_REQUIRES = [
 ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
 # `agentrl-verl build-model smollm2`: transformers reads the GGUF file of SmolLM2-135M-Instruct through it.
 SMOLLM2_REQUIRES = ["gguf>=0.10"]
+# `agentrl-env openenv` (and a stack YAML's `openenv` entry): the stack's tasks as an OpenEnv environment.
+OPENENV_REQUIRES = ["openenv==0.10.0"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "pytest-xdist>=3.6",
                  "hypothesis", "ruff", "import-linter>=2.17"]
@@ -59,8 +61,9 @@ setup(
         "test": TEST_REQUIRES,
         "alfworld": ALFWORLD_REQUIRES,
         "smollm2": SMOLLM2_REQUIRES,
+        "openenv": OPENENV_REQUIRES,
         "docs": DOCS_REQUIRES,
-        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES + SMOLLM2_REQUIRES + DOCS_REQUIRES,
+        "all": TRAIN_REQUIRES + TEST_REQUIRES + ALFWORLD_REQUIRES + SMOLLM2_REQUIRES + OPENENV_REQUIRES + DOCS_REQUIRES,
     },
     entry_points={
         "console_scripts": [

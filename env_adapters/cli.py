@@ -15,6 +15,7 @@ COMMANDS = {
     "controller": ("env_adapters.controller", "run the central controller"),
     "worker": ("env_adapters.worker", "run a worker hosting one task"),
     "up": ("env_adapters.up", "start a controller and workers from one YAML; Ctrl-C stops all"),
+    "openenv": ("env_adapters.openenv_serve", "serve a running stack's tasks as an OpenEnv environment"),
     "build-images": ("env_adapters.sandbox.images", "build the Docker images of the container tasks (cached)"),
 }
 

@@ -6,6 +6,7 @@ Config::
     workers:
       - {task: calc, name: calc, replicas: 2, concurrency: 64, threads: 8, options: {seed: 0},
          ray: {num_cpus: 0, resources: {}, max_restarts: 3}}  # placement, read with --ray only
+    openenv: {host: 127.0.0.1, port: 8010}  # optional: the tasks as an OpenEnv environment too (openenv_serve)
 
 A text value may name environment variables as ``${NAME}`` (data paths, endpoints: the recipe's upstream-data
 stack); a variable that is not set stops the load, naming it and the key that uses it.
@@ -92,9 +93,17 @@ class WorkerSpec(_Strict):
     ray: RayPlacement = Field(default_factory=RayPlacement)
 
 
+class OpenEnvSpec(_Strict):
+    """The stack's tasks served as an OpenEnv environment too (:mod:`env_adapters.openenv_serve`)."""
+
+    host: str = "127.0.0.1"  # off loopback only with the controller's token, which it requires too
+    port: int = Field(8010, ge=0)  # 0: any free port
+
+
 class StackConfig(_Strict):
     controller: ControllerSpec = Field(default_factory=ControllerSpec)
     workers: list[WorkerSpec] = Field(default_factory=list)
+    openenv: OpenEnvSpec | None = None
 
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -181,6 +190,7 @@ class EnvStack:
 
     Attributes:
         url: The controller's base URL, once started.
+        openenv_url: The OpenEnv server's base URL where the config has an ``openenv`` entry, once started.
     """
 
     def __init__(self, config: dict[str, Any] | str | Path, *, startup_timeout: float = 60.0,
@@ -191,7 +201,9 @@ class EnvStack:
         self._tmp = None if log_dir or inherit else tempfile.TemporaryDirectory(prefix="agentrl-env-")
         self.log_dir = Path(log_dir or (self._tmp.name if self._tmp else tempfile.gettempdir()))
         self.url: str | None = None
+        self.openenv_url: str | None = None
         self.controller: subprocess.Popen | None = None
+        self.openenv: subprocess.Popen | None = None
         self.workers: list[tuple[str, subprocess.Popen]] = []  # (label, process)
         self._worker_cmds: list[tuple[list[str], RayPlacement]] = []  # how worker i was started
         spec = self.config.controller
@@ -237,6 +249,8 @@ class EnvStack:
         try:
             self._start_controller()
             self._start_workers()
+            if self.config.openenv is not None:
+                self._start_openenv()
         except BaseException:
             self.stop()
             raise
@@ -248,16 +262,28 @@ class EnvStack:
         url_file = self.log_dir / f"controller-url-{os.getpid()}-{id(self)}"
         url_file.unlink(missing_ok=True)
         self.controller = self._spawn("controller", self._controller_args(url_file, port))
+        self.url = self._wait_url("controller", self.controller, url_file)
+
+    def _start_openenv(self) -> None:
+        spec = self.config.openenv
+        url_file = self.log_dir / f"openenv-url-{os.getpid()}-{id(self)}"
+        url_file.unlink(missing_ok=True)
+        self.openenv = self._spawn("openenv", ["openenv", "--controller", self.url, "--host", spec.host, "--port",
+                                               str(spec.port), "--url-file", str(url_file)])
+        self.openenv_url = self._wait_url("openenv", self.openenv, url_file)
+
+    def _wait_url(self, label: str, proc: subprocess.Popen, url_file: Path) -> str:
+        """The URL that process ``label`` writes to ``url_file`` once it listens."""
         deadline = time.monotonic() + self.startup_timeout
         while not url_file.exists() or not url_file.read_text():
-            if self.controller.poll() is not None:
-                raise StackStartError(f"controller exited with code {self.controller.returncode}:\n"
-                                      f"{self._tail('controller')}")
+            if proc.poll() is not None:
+                raise StackStartError(f"{label} exited with code {proc.returncode}:\n{self._tail(label)}")
             if time.monotonic() > deadline:
-                raise StackStartError(f"controller did not start within {self.startup_timeout}s")
+                raise StackStartError(f"{label} did not start within {self.startup_timeout}s")
             time.sleep(0.05)
-        self.url = url_file.read_text()
+        url = url_file.read_text()
         url_file.unlink()
+        return url
 
     def _start_workers(self) -> None:
         for i, spec in enumerate(self.config.workers):
@@ -324,9 +350,11 @@ class EnvStack:
         self.workers[i] = (label, self._spawn(label, *self._worker_cmds[i]))
 
     def stop(self) -> None:
-        """SIGTERM workers (so tasks tear down), then the controller; SIGKILL what outlives the grace period."""
+        """SIGTERM the OpenEnv server and the workers (so tasks tear down), then the controller; SIGKILL what outlives
+        the grace period."""
         killed = False
-        for procs in ([p for _, p in self.workers], [self.controller] if self.controller else []):
+        first = [p for _, p in self.workers] + ([self.openenv] if self.openenv else [])
+        for procs in (first, [self.controller] if self.controller else []):
             for proc in procs:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
@@ -341,7 +369,7 @@ class EnvStack:
                     killed = True
         if killed:
             remove_killed_containers()
-        self.workers, self.controller = [], None
+        self.workers, self.controller, self.openenv = [], None, None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

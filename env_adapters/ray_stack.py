@@ -262,6 +262,9 @@ class RayEnvStack(EnvStack):
                     f"64}}') and require it in the entry (ray: {{resources: {{{DOCKER_RESOURCE}: 1}}}})")
 
     def start(self) -> str:
+        if self.config.openenv is not None:
+            raise StackStartError("an `openenv` entry is served beside a stack on one host: with `--ray`, run "
+                                  "`agentrl-env openenv --controller URL` next to the controller instead")
         try:
             self._connect()
         except BaseException:

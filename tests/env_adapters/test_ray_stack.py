@@ -89,6 +89,12 @@ def test_placement_is_validated_and_ignored_without_ray():
         load_config({"workers": [{"task": "calc", "ray": {"num_gpus": 1}}]})
 
 
+def test_an_openenv_entry_is_refused_on_ray_naming_the_command_to_run_instead():
+    stack = RayEnvStack({"openenv": {"port": 0}, "workers": [{"task": "calc"}]}, address="127.0.0.1:1")
+    with pytest.raises(StackStartError, match="run `agentrl-env openenv --controller URL`"):
+        stack.start()
+
+
 def test_a_stack_over_several_nodes_needs_a_token(cluster):
     config = stack_config(token=None)
     with pytest.raises(StackStartError, match="3 nodes.*token_file"):

@@ -1,0 +1,114 @@
+"""The stack's tasks as an OpenEnv environment, driven by OpenEnv's own client (``GenericEnvClient``, simulation mode):
+a stack YAML's ``openenv`` entry starts the server; the scripted expert earns what it earns on the native path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
+from openenv.core.generic_client import GenericEnvClient
+
+from env_adapters.client import EnvClient
+from env_adapters.launcher import EnvStack
+from env_adapters.protocol import Message
+from env_adapters.tasks.calculator import CalculatorTask
+
+pytestmark = pytest.mark.slow  # a stack and an OpenEnv server (its imports: gradio, fastmcp)
+
+TOKEN = "openenv-test-token"
+OPTIONS = {"seed": 0, "size": 64}
+INDICES = [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    config = {"controller": {"port": 0, "token": TOKEN}, "openenv": {"port": 0},
+              "workers": [{"task": "calc", "name": "calc", "concurrency": 8, "options": OPTIONS}]}
+    with EnvStack(config, startup_timeout=180) as env:  # openenv imports gradio and fastmcp: 10-45 s here
+        yield env
+
+
+def openenv_client(stack: EnvStack, token: str = TOKEN) -> GenericEnvClient:
+    return GenericEnvClient(base_url=stack.openenv_url, headers={"Authorization": f"Bearer {token}"},
+                            message_timeout_s=30)
+
+
+def call_action(message: Message) -> CallToolAction:
+    """The expert's assistant message (one function call) as OpenEnv's action."""
+    (call,) = message["tool_calls"]
+    return CallToolAction(tool_name=call["function"]["name"], arguments=json.loads(call["function"]["arguments"]))
+
+
+async def play_openenv(stack: EnvStack, expert: CalculatorTask, index: int) -> tuple[float, str, int]:
+    """The expert through OpenEnv: (reward, status, turns)."""
+    async with openenv_client(stack) as env:
+        result = await env.reset(task="calc", index=index)
+        messages, turns = list(result.observation["messages"]), 0
+        while not result.done:
+            action = expert.expert(index, messages)
+            result = await env.step(call_action(action))
+            messages += [action, *result.observation["metadata"]["messages"]]
+            turns += 1
+        return result.reward, result.observation["metadata"]["status"], turns
+
+
+async def play_native(stack: EnvStack, expert: CalculatorTask, index: int) -> tuple[float, str, int]:
+    """The expert through the controller's own client: (reward, status, turns)."""
+    async with EnvClient(stack.url, token=TOKEN) as client:
+        started = await client.start_sample("calc", index)
+        messages, turns, finished = list(started.messages), 0, False
+        while not finished:
+            action = expert.expert(index, messages)
+            reply = await client.interact(started.session_id, action)
+            messages += [action, *reply.messages]
+            turns, finished = turns + 1, reply.finish
+        return reply.reward, reply.status.value, turns
+
+
+def test_the_expert_earns_through_openenv_what_it_earns_natively(stack):
+    expert = CalculatorTask(**OPTIONS)
+    for index in INDICES:
+        through_openenv = asyncio.run(play_openenv(stack, expert, index))
+        native = asyncio.run(play_native(stack, expert, index))
+        assert through_openenv == native and through_openenv[:2] == (1.0, "completed"), index
+
+
+async def test_reset_lists_the_tools_and_a_bad_call_is_answered_as_the_family_answers_it(stack):
+    async with openenv_client(stack) as env:
+        opening = await env.reset(seed=5)  # one task in the stack: no task= needed; seed picks the index
+        assert opening.observation["task"] == "calc" and not opening.done
+        listed = await env.step(ListToolsAction())
+        names = [tool["name"] for tool in listed.observation["tools"]]
+        assert names == [tool["function"]["name"] for tool in opening.observation["tools"]]
+        bad = await env.step(CallToolAction(tool_name="calculate", arguments={"expression": "2**100"}))
+    async with EnvClient(stack.url, token=TOKEN) as client:
+        started = await client.start_sample("calc", opening.observation["index"])
+        native = await client.interact(started.session_id, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculate",
+                                                          "arguments": json.dumps({"expression": "2**100"})}}]})
+        await client.cancel(started.session_id)
+    assert not bad.done and bad.observation["result"] == native.messages[0]["content"]
+    assert bad.observation["metadata"]["status"] == native.status.value == "running"
+
+
+async def test_the_end_of_an_openenv_session_cancels_its_controller_session(stack):
+    async with openenv_client(stack) as env:
+        await env.reset(task="calc", index=7)
+        assert [s["status"] for s in stack._get("list_sessions").values() if s["status"] == "running"]
+    deadline = time.monotonic() + 30
+    while any(s["status"] == "running" for s in stack._get("list_sessions").values()):
+        assert time.monotonic() < deadline, stack._get("list_sessions")
+        await asyncio.sleep(0.1)
+
+
+async def test_a_client_without_the_stacks_token_is_refused(stack):
+    with pytest.raises(ConnectionError, match="rejected WebSocket connection: HTTP 403"):
+        async with openenv_client(stack, token="wrong") as env:
+            await env.reset(task="calc", index=0)
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(f"{stack.openenv_url}/health", timeout=10)
