@@ -15,11 +15,14 @@ One OpenEnv session (a WebSocket on ``/ws``, OpenEnv's simulation mode) plays on
 - ``step(CallToolAction(tool_name=..., arguments=...))`` sends one assistant message holding that one tool call
   (``interact``). The observation's ``result`` is the text of the environment's reply, its ``metadata`` the reply's
   messages whole, the family's ``status`` and ``metrics``; ``reward`` and ``done`` are the family's own.
+- ``step(MessageAction(content=...))`` sends an assistant message without a tool call (a text answer, as kg's
+  ``Final Answer: #id``), answered the same way.
 - The end of the OpenEnv session (its WebSocket closed, or the server reaping an idle one) cancels the running session,
   which gives back what it held (containers, databases).
 
 What does not map: an assistant message with several tool calls, or text beside a call (AgentBench's function calling
-takes both; an OpenEnv action is one call), and rewards before the end (the families score an episode when it ends).
+takes both; an OpenEnv action is one call or one text), and rewards before the end (the families score an episode when
+it ends).
 
 The server refuses every request without the stack's token where it has one (``Authorization: Bearer``; OpenEnv's
 clients send it with ``headers=``), and listens off loopback only with a token, as the controller does.
@@ -36,21 +39,19 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import (
-    CallToolAction,
     CallToolObservation,
-    ListToolsAction,
     ListToolsObservation,
     Tool,
     ToolError,
     ToolErrorType,
 )
 from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from env_adapters.client import EnvClient, EnvRequestError, StartedSession
 from env_adapters.http import TOKEN_ENV, check_bind
@@ -61,6 +62,38 @@ logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8010
 CANCEL_TIMEOUT_S = 30.0
 """How long the end of an OpenEnv session waits for the controller to cancel its running session."""
+
+
+class MessageAction(Action):
+    """An assistant message without a tool call: a family that takes a text answer (kg's ``Final Answer: #id``)."""
+
+    type: Literal["message"] = Field(default="message", description="action type")
+    content: str = Field(description="the message's text")
+
+
+class StepAction(Action):
+    """What a step may carry, as the server reads it: OpenEnv's MCP actions (``call_tool``, ``list_tools``) or a
+    :class:`MessageAction`. (OpenEnv reads MCP actions by their type only for an MCP action class; this one class
+    takes all three.)"""
+
+    type: Literal["call_tool", "list_tools", "message"] = Field(description="action type")
+    tool_name: str | None = Field(default=None, description="call_tool: the tool")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="call_tool: its arguments")
+    content: str | None = Field(default=None, description="message: the text")
+
+    @model_validator(mode="after")
+    def _complete(self) -> StepAction:
+        if self.type == "call_tool" and not self.tool_name:
+            raise ValueError("a call_tool action names its tool_name")
+        if self.type == "message" and self.content is None:
+            raise ValueError("a message action has its content")
+        return self
+
+
+class ReplyObservation(Observation):
+    """The environment's reply to a :class:`MessageAction`."""
+
+    result: str = Field(default="", description="the text of the environment's reply messages")
 
 
 class TaskObservation(Observation):
@@ -150,24 +183,32 @@ class StackEnvironment(Environment):
         """List the tools, or call one (see the module's docstring)."""
         if self.session is None or self.session.finished:
             raise RuntimeError("no session is running: reset first")
-        if isinstance(action, ListToolsAction):
+        kind = getattr(action, "type", None)  # StepAction from the wire; OpenEnv's own classes in-process
+        if kind == "list_tools":
             return ListToolsObservation(tools=mcp_tools(self.session.tools))
-        if not isinstance(action, CallToolAction):
-            raise TypeError(f"{type(action).__name__}: this environment takes list_tools and call_tool actions")
+        if kind == "call_tool":
+            message = tool_call_message(action.tool_name, action.arguments)
+        elif kind == "message":
+            message = {"role": "assistant", "content": action.content}
+        else:
+            raise TypeError(f"{type(action).__name__}: this environment takes list_tools, call_tool or message")
         try:
-            reply = await self.client.interact(self.session.session_id, tool_call_message(action.tool_name,
-                                                                                         action.arguments))
+            reply = await self.client.interact(self.session.session_id, message)
         except EnvRequestError as e:  # the controller refused it (e.g. the session ended on its own)
             self.session = None
+            if kind == "message":
+                raise
             return CallToolObservation(tool_name=action.tool_name, done=True,
                                        error=ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=e.detail))
         self._state.step_count += 1
         if reply.finish:
             self.session.status = reply.status
-        return CallToolObservation(tool_name=action.tool_name, result=reply_text(reply.messages), done=reply.finish,
-                                   reward=reply.reward if reply.finish else None,
-                                   metadata={"messages": reply.messages, "status": reply.status.value,
-                                             "metrics": reply.metrics})
+        outcome = {"result": reply_text(reply.messages), "done": reply.finish,
+                   "reward": reply.reward if reply.finish else None,
+                   "metadata": {"messages": reply.messages, "status": reply.status.value, "metrics": reply.metrics}}
+        if kind == "message":
+            return ReplyObservation(**outcome)
+        return CallToolObservation(tool_name=action.tool_name, **outcome)
 
     async def _cancel(self) -> None:
         if self.session is not None and not self.session.finished:
@@ -221,7 +262,7 @@ class RequireToken:
 
 def create_app(controller: str, token: str | None, max_sessions: int = 256):
     """The OpenEnv server's ASGI app over the stack whose controller is at ``controller``."""
-    app = create_fastapi_app(lambda: StackEnvironment(controller, token), CallToolAction, CallToolObservation,
+    app = create_fastapi_app(lambda: StackEnvironment(controller, token), StepAction, CallToolObservation,
                              max_concurrent_envs=max_sessions, env_name="agentrl")
     return RequireToken(app, token) if token else app
 
