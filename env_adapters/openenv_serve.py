@@ -260,7 +260,7 @@ class RequireToken:
         await self.app(scope, receive, send)
 
 
-def create_app(controller: str, token: str | None, max_sessions: int = 256):
+def create_app(controller: str, token: str | None, max_sessions: int = 256) -> Callable[..., Awaitable[None]]:
     """The OpenEnv server's ASGI app over the stack whose controller is at ``controller``."""
     app = create_fastapi_app(lambda: StackEnvironment(controller, token), StepAction, CallToolObservation,
                              max_concurrent_envs=max_sessions, env_name="agentrl")
