@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import json
 import logging
 import os
 import uuid
@@ -56,6 +55,7 @@ from pydantic import Field, model_validator
 from env_adapters.client import EnvClient, EnvRequestError, StartedSession
 from env_adapters.http import TOKEN_ENV, check_bind
 from env_adapters.protocol import Index, Message
+from env_adapters.task import assistant_tool_call
 
 logger = logging.getLogger(__name__)
 
@@ -111,13 +111,6 @@ def mcp_tools(tools: Sequence[dict[str, Any]]) -> list[Tool]:
     functions = [tool.get("function", tool) for tool in tools]
     return [Tool(name=f["name"], description=f.get("description", ""),
                  input_schema=f.get("parameters") or {"type": "object", "properties": {}}) for f in functions]
-
-
-def tool_call_message(tool_name: str, arguments: dict[str, Any]) -> Message:
-    """The assistant message of one function call, as an agent loop sends it to the controller."""
-    return {"role": "assistant", "content": "", "tool_calls": [
-        {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-         "function": {"name": tool_name, "arguments": json.dumps(arguments)}}]}
 
 
 def reply_text(messages: Sequence[Message]) -> str:
@@ -187,7 +180,7 @@ class StackEnvironment(Environment):
         if kind == "list_tools":
             return ListToolsObservation(tools=mcp_tools(self.session.tools))
         if kind == "call_tool":
-            message = tool_call_message(action.tool_name, action.arguments)
+            message = assistant_tool_call(action.tool_name, action.arguments, call_id=f"call_{uuid.uuid4().hex[:12]}")
         elif kind == "message":
             message = {"role": "assistant", "content": action.content}
         else:

@@ -18,7 +18,7 @@ from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
 from env_adapters.openenv_serve import MessageAction
 from env_adapters.protocol import Index, Message
-from env_adapters.task import Task, get_task_class
+from env_adapters.task import Task, assistant_tool_call, get_task_class
 
 pytestmark = pytest.mark.slow  # a stack and an OpenEnv server (its imports: gradio, fastmcp)
 
@@ -115,9 +115,7 @@ async def test_reset_lists_the_tools_and_a_bad_call_is_answered_as_the_family_an
         bad = await env.step(CallToolAction(tool_name="calculate", arguments={"expression": "2**100"}))
     async with EnvClient(stack.url, token=TOKEN) as client:
         started = await client.start_sample("calc", opening.observation["index"])
-        native = await client.interact(started.session_id, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "calculate",
-                                                          "arguments": json.dumps({"expression": "2**100"})}}]})
+        native = await client.interact(started.session_id, assistant_tool_call("calculate", {"expression": "2**100"}))
         await client.cancel(started.session_id)
     assert not bad.done and bad.observation["result"] == native.messages[0]["content"]
     assert bad.observation["metadata"]["status"] == native.status.value == "running"
