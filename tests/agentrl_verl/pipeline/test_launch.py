@@ -50,11 +50,13 @@ def test_rl_processes_get_every_core_at_normal_priority_with_passive_threads(mon
 
 
 def _fake_run(tmp_path: Path, body: str) -> list[str]:
-    """A stand-in for main_ppo: writes verl's metrics file as told and prints step lines (and a child process)."""
+    """A stand-in for main_ppo: writes verl's metrics file as told and prints step lines (and a child process, whose
+    command line names the script, so that ``live_processes(str(tmp_path))`` finds both and nothing of another
+    test's)."""
     script = tmp_path / "fake_main_ppo.py"
     script.write_text("import json, os, subprocess, sys, time\n"
                       "path = os.environ['VERL_FILE_LOGGER_PATH']\n"
-                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', __file__])\n"
                       "def step(i):\n"
                       "    with open(path, 'a') as f:\n"
                       "        f.write(json.dumps({'step': i, 'data': {'agentrl/calc/reward': 1.0, "
@@ -72,7 +74,7 @@ def test_a_stalled_rl_run_is_stopped_with_its_children_and_says_so(tmp_path, liv
     cmd = _fake_run(tmp_path, leak + "step(1)\ntime.sleep(600)\n")
     with pytest.raises(RLStopped, match=r"stalled: no step finished and no output for 2s .* after step 1/3"):
         run_main_ppo(cmd, tmp_path, ["calc"], steps=3, stall_s=2)
-    assert live_processes(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+    assert live_processes(str(tmp_path)) == []
     segment = (tmp_path / "verl.log").read_text().split("segment ")[1].split()[0]
     assert segment.startswith(vllm_cpu.LEFTOVER_PREFIXES) and segment not in vllm_cpu.shm_segments()
 
@@ -113,7 +115,7 @@ def test_a_run_that_keeps_stepping_is_not_stopped_however_long_it_takes(tmp_path
                               "    if i % 10 == 0:\n        step(i // 10)\n")
     history = run_main_ppo(cmd, tmp_path, ["calc"], steps=4, stall_s=2)
     assert [row["step"] for row in history] == [1, 2, 3, 4]
-    assert live_processes(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+    assert live_processes(str(tmp_path)) == []
 
 
 def test_an_rl_run_in_its_thread_is_stopped_with_its_processes_and_raises_in_the_demos_thread(tmp_path, live_processes):
@@ -124,7 +126,7 @@ def test_an_rl_run_in_its_thread_is_stopped_with_its_processes_and_raises_in_the
     while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     run.stop()  # the demo's own error: the run goes, children included, within seconds
-    assert live_processes(str(tmp_path / "fake_main_ppo.py"), "time.sleep(600)") == []
+    assert live_processes(str(tmp_path)) == []
     with pytest.raises(RLStopped, match=r"stopped after step 1/3"):
         run.wait()
     finished = RLRun(_fake_run(tmp_path, "step(1)\n"), tmp_path, ["calc"], RLSpec(steps=1, stall_s=60))
