@@ -18,6 +18,8 @@ kept in-process so that it can stop early on held-out success):
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 import random
@@ -31,6 +33,8 @@ from env_adapters.demonstrations import Episode
 from env_adapters.protocol import Message, ToolSchema
 
 logger = logging.getLogger(__name__)
+_MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+"""glibc's ``malloc_trim`` (:func:`release_device_memory`); None with a C library that has none."""
 
 PROGRESS_EVERY_S = 30.0
 """Seconds between the warm-up's progress lines when no held-out check falls in between."""
@@ -204,17 +208,22 @@ def supervised_warmup(model_dir: str | Path, demos: Sequence[Episode], output_di
 
 
 def release_device_memory(device: str) -> None:
-    """Give the blocks torch's caching allocator keeps for this process back to the GPU (a no-op elsewhere).
+    """Give what this process freed back to the system: the blocks torch's caching allocator keeps on a GPU, the
+    heap pages glibc keeps on the CPU.
 
     The warm-up and the evaluations run in the demo's process while verl's trainer and rollout servers share the
-    card: without this, what the warm-up's activations once took stays reserved here (39 GiB of an H100 with
-    SmolLM2) and verl's first update runs out of memory. Call it once the process holds no tensor on ``device``.
+    device: without this, what the warm-up's activations once took stays reserved here (39 GiB of an H100 with
+    SmolLM2) and verl's first update runs out of memory; on the CPU glibc keeps freed blocks (the smoke of
+    ``demo --model smollm2`` held 7.9 GB in the demo's process when Ray's memory monitor killed verl's workers on a
+    24 GB machine). Call it once the process holds no tensor on ``device``.
     """
+    gc.collect()
     if device == "cuda":
         import torch
 
-        gc.collect()
         torch.cuda.empty_cache()
+    elif _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def device_setting(setting: str, key: str) -> str:

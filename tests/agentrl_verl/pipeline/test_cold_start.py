@@ -6,13 +6,17 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl_verl.pipeline import cold_start
 from agentrl_verl.pipeline.cold_start import (
     WarmupConfig,
+    release_device_memory,
     supervised_warmup,
     tokenize_episode,
 )
@@ -175,3 +179,18 @@ def test_fewer_demonstrations_than_a_batch_fill_the_batch_with_repeats(model_dir
     config = WarmupConfig(max_steps=2, batch_size=8, eval_every=2, seed=0)
     result = supervised_warmup(model_dir, demos[:3], tmp_path / "warm", lambda model, part: [False], config)
     assert result.steps == 2 and [row["step"] for row in result.history] == [2]
+
+
+def test_memory_freed_on_the_cpu_goes_back_to_the_system():
+    # Blocks of the size of one layer's KV cache of one episode: glibc keeps them in its heap once freed, and the
+    # demo's process would hold them while verl's workers need the memory.
+    def rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = rss()
+    blocks = [torch.ones(3, 64, 700 + i % 300) for i in range(1500)]  # ~1 GB
+    held = rss()
+    del blocks
+    release_device_memory("cpu")
+    assert held - before > 800 * 2**20
+    assert rss() - before < (held - before) / 10
