@@ -55,9 +55,10 @@ def test_ppo_with_critic_and_reference_policy_trains_validates_and_checkpoints_w
         assert metrics["critic/vf_loss"] == metrics["critic/vf_loss"], step  # not NaN
         assert "actor/kl_loss" in metrics, step
         # ...and after each weight sync the hf rollout samples from the actor's weights: its log-probs equal
-        # the actor's recomputed ones up to float noise.
+        # the actor's recomputed ones up to fp32 noise (~1e-9 here; an actor in verl's default bf16 mixed
+        # precision is 2e-5 off on this model, and up to 0.5 on SmolLM2).
         assert metrics["training/rollout_probs_diff_valid"] == 1.0
-        assert metrics["training/rollout_probs_diff_max"] < 1e-3, (step, metrics["training/rollout_probs_diff_max"])
+        assert metrics["training/rollout_probs_diff_max"] < 1e-6, (step, metrics["training/rollout_probs_diff_max"])
     assert (workdir / "ckpt" / "global_step_2" / "actor").is_dir()
     assert (workdir / "ckpt" / "global_step_2" / "critic").is_dir()
     assert (workdir / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
