@@ -20,6 +20,7 @@ from typing import Any
 import ray
 import torch
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.device import set_expandable_segments
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
@@ -125,6 +126,10 @@ class HFRolloutServer:
         if self.device.type == "cpu" and dtype != torch.float32:
             logger.info("hf rollout: %s on CPU is slow and inexact; using float32", self.config.dtype)
             dtype = torch.float32
+        if self.device.type == "cuda":
+            # As verl's vLLM server without sleep mode: the KV caches of a continuous batch change size every few
+            # steps, and on a card shared with the trainer fixed-size segments leave memory stranded in gaps.
+            set_expandable_segments(True)
         path = self.model_config.local_path
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=self.model_config.trust_remote_code
