@@ -19,6 +19,8 @@ for fast tests of the controller and worker themselves; ``ProbeTask`` is a task 
 assistant message scripts.
 
 ``docker_client`` (session scope) is a client of the local Docker daemon; tests asking for it skip without one.
+``mariadb_url`` (session scope) is a private MariaDB server's URL; tests asking for it skip where MariaDB is not
+installed.
 
 ``ray_hosts`` (session scope) is ``netns_hosts.NetnsRayCluster``: ``with ray_hosts(resources) as hosts:`` runs a Ray
 cluster over hosts of their own addresses (network namespaces); tests asking for it skip where namespaces cannot be
@@ -39,6 +41,7 @@ import pytest
 from env_adapters.controller import Controller, ControllerConfig
 from env_adapters.launcher import EnvStack
 from env_adapters.protocol import SampleStatus
+from env_adapters.sandbox.mariadb import MariaDBServer, mariadb_available
 from env_adapters.task import EnvironmentLost, InvalidAction, Session, StepResult, Task, TaskError
 from env_adapters.worker import Worker
 
@@ -54,6 +57,15 @@ def docker_client():
         pytest.skip(f"no Docker daemon: {e}")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb_url():
+    """``mysql://root@127.0.0.1:PORT`` of a private MariaDB server, stopped (and its folder deleted) at the end."""
+    if not mariadb_available():
+        pytest.skip("MariaDB is not installed (apt-get install -y mariadb-server)")
+    with MariaDBServer() as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

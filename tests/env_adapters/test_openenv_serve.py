@@ -5,10 +5,15 @@ the native path."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
@@ -18,7 +23,9 @@ from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
 from env_adapters.openenv_serve import MessageAction
 from env_adapters.protocol import Index, Message
+from env_adapters.sandbox.containers import LABEL_SANDBOX
 from env_adapters.task import Task, assistant_tool_call, get_task_class
+from env_adapters.tasks.dbbench.backends import DB_PREFIX
 
 pytestmark = pytest.mark.slow  # a stack and an OpenEnv server (its imports: gradio, fastmcp)
 
@@ -137,3 +144,74 @@ async def test_a_client_without_the_stacks_token_is_refused(stack):
             await env.reset(task="calc", index=0)
     with pytest.raises(urllib.error.HTTPError, match="401"):
         urllib.request.urlopen(f"{stack.openenv_url}/health", timeout=10)
+
+
+# A trainer's process that resets a session, makes one call (whose result names what the session holds) and then
+# hangs, never closing its OpenEnv session: the test kills it mid-episode.
+HANGING_CLIENT = """
+import asyncio, json, sys
+from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.generic_client import GenericEnvClient
+
+async def main(url, token, task, index, tool, arguments):
+    env = GenericEnvClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, message_timeout_s=60)
+    await env.reset(task=task, index=int(index))
+    result = await env.step(CallToolAction(tool_name=tool, arguments=json.loads(arguments)))
+    print(json.dumps(result.observation["result"]), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def session_databases(mariadb_url: str) -> list[str]:
+    import pymysql
+
+    parts = urlsplit(mariadb_url)
+    conn = pymysql.connect(host=parts.hostname, port=parts.port, user="root")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+                           (DB_PREFIX.replace("_", r"\_") + "%",))
+            return [row[0] for row in cursor.fetchall()]
+    finally:
+        conn.close()
+
+
+def wait_released(still_held: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while still_held():
+        assert time.monotonic() < deadline, f"{what} still held after {timeout_s} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.docker
+@pytest.mark.mysql
+def test_a_client_killed_mid_episode_leaves_no_container_and_no_database(docker_client, mariadb_url):
+    config = {"controller": {"port": 0, "token": TOKEN}, "openenv": {"port": 0}, "workers": [
+        {"task": "os", "concurrency": 2, "options": {"split": "dev", "pool_size": 1}},
+        {"task": "db", "concurrency": 2, "options": {"backend": "mysql", "mysql_url": mariadb_url}}]}
+
+    def containers(**filters) -> list[dict]:
+        return docker_client.api.containers(all=True, filters={"label": LABEL_SANDBOX, **filters})
+
+    def held_container(hostname: str) -> bool:  # Docker sets the container's short id as its hostname
+        return bool(containers(id=hostname.strip()))
+
+    def held_database(result: str) -> bool:  # "[('agentrl_...',)]"
+        return any(name in result for name in session_databases(mariadb_url))
+
+    with EnvStack(config, startup_timeout=STARTUP_TIMEOUT_S) as stack:
+        for task, index, tool, arguments, holds in [
+                ("os", 13, "bash_action", {"script": "hostname"}, held_container),
+                ("db", 3, "execute_sql", {"query": "SELECT DATABASE()"}, held_database)]:
+            client = subprocess.Popen([sys.executable, "-c", HANGING_CLIENT, stack.openenv_url, TOKEN, task,
+                                       str(index), tool, json.dumps(arguments)], stdout=subprocess.PIPE, text=True)
+            try:
+                result = json.loads(client.stdout.readline())
+                assert holds(result), (task, result)
+            finally:
+                client.kill()  # no close frame: the connection just goes
+                client.wait()
+            wait_released(functools.partial(holds, result), f"{result!r}, of the killed client's {task} session")
+        assert not [s for s in stack._get("list_sessions").values() if s["status"] == "running"]

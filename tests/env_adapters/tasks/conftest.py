@@ -1,4 +1,4 @@
-"""Fixtures of the task tests: a MariaDB server shared by the whole session, and tool-call messages."""
+"""Fixtures of the task tests: tool-call messages, and a ``db`` task on the session's MariaDB server."""
 
 from __future__ import annotations
 
@@ -6,17 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from env_adapters.sandbox.mariadb import MariaDBServer, mariadb_available
-
-
-@pytest.fixture(scope="session")
-def mariadb_url():
-    """``mysql://root@127.0.0.1:PORT`` of a private MariaDB server, stopped (and its folder deleted) at the end."""
-    if not mariadb_available():
-        pytest.skip("MariaDB is not installed (apt-get install -y mariadb-server)")
-    with MariaDBServer() as server:
-        yield server.url
 
 
 @pytest.fixture(scope="session")
