@@ -33,7 +33,8 @@ TRAIN_REQUIRES = [
 ALFWORLD_REQUIRES = ["alfworld==0.4.2"]
 # `agentrl-verl build-model smollm2`: transformers reads the GGUF file of SmolLM2-135M-Instruct through it.
 SMOLLM2_REQUIRES = ["gguf>=0.10"]
-# `agentrl-env openenv` (and a stack YAML's `openenv` entry): the stack's tasks as an OpenEnv environment.
+# `agentrl-env openenv` (and a stack YAML's `openenv` entry): the stack's tasks as an OpenEnv environment; the
+# `openenv` task family: an OpenEnv environment as a task.
 OPENENV_REQUIRES = ["openenv==0.10.0"]
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5"]  # the documentation site (mkdocs.yml)
 TEST_REQUIRES = ["aiohttp>=3.9", "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "pytest-xdist>=3.6",

@@ -371,6 +371,7 @@ _BUILTIN_MODULES = {
     "kg": "env_adapters.tasks.kg",
     "webshop": "env_adapters.tasks.webshop",
     "alfworld": "env_adapters.tasks.alfworld",
+    "openenv": "env_adapters.tasks.openenv_remote",
 }
 
 
