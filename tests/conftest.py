@@ -26,6 +26,7 @@ LONG_FIRST = [
     "tests/agentrl_verl/e2e/test_faults_e2e.py",
     "tests/agentrl_verl/e2e/test_main_ppo_cpu.py",
     "tests/agentrl_verl/e2e/test_agentrl_e2e.py",
+    "tests/agentrl_verl/e2e/test_openenv_e2e.py",
 ]
 """The modules that take minutes, longest first (``--durations`` of a whole run)."""
 

@@ -20,7 +20,8 @@ assistant message scripts.
 
 ``docker_client`` (session scope) is a client of the local Docker daemon; tests asking for it skip without one.
 ``mariadb_url`` (session scope) is a private MariaDB server's URL; tests asking for it skip where MariaDB is not
-installed.
+installed. ``mariadb_sessions()`` reads what sessions hold on that server: the ``db`` task's session databases and
+its session users' connections.
 
 ``ray_hosts`` (session scope) is ``netns_hosts.NetnsRayCluster``: ``with ray_hosts(resources) as hosts:`` runs a Ray
 cluster over hosts of their own addresses (network namespaces); tests asking for it skip where namespaces cannot be
@@ -32,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -66,6 +69,32 @@ def mariadb_url():
         pytest.skip("MariaDB is not installed (apt-get install -y mariadb-server)")
     with MariaDBServer() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def mariadb_sessions(mariadb_url) -> Callable[[], tuple[list[str], int]]:
+    """``mariadb_sessions()``: the session databases on the ``mariadb_url`` server, and its session users'
+    connections."""
+    import pymysql
+
+    from env_adapters.tasks.dbbench.backends import DB_PREFIX
+
+    parts = urlsplit(mariadb_url)
+    pattern = DB_PREFIX.replace("_", r"\_") + "%"
+
+    def read() -> tuple[list[str], int]:
+        conn = pymysql.connect(host=parts.hostname, port=parts.port, user="root")
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+                               (pattern,))
+                databases = [r[0] for r in cursor.fetchall()]
+                cursor.execute("SELECT count(*) FROM information_schema.processlist WHERE user LIKE %s", (pattern,))
+                return databases, cursor.fetchone()[0]
+        finally:
+            conn.close()
+
+    return read
 
 
 @pytest.fixture(scope="session")

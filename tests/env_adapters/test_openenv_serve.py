@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
@@ -25,7 +24,6 @@ from env_adapters.openenv_serve import MessageAction
 from env_adapters.protocol import Index, Message
 from env_adapters.sandbox.containers import LABEL_SANDBOX
 from env_adapters.task import Task, assistant_tool_call, get_task_class
-from env_adapters.tasks.dbbench.backends import DB_PREFIX
 
 pytestmark = pytest.mark.slow  # a stack and an OpenEnv server (its imports: gradio, fastmcp)
 
@@ -164,20 +162,6 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def session_databases(mariadb_url: str) -> list[str]:
-    import pymysql
-
-    parts = urlsplit(mariadb_url)
-    conn = pymysql.connect(host=parts.hostname, port=parts.port, user="root")
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-                           (DB_PREFIX.replace("_", r"\_") + "%",))
-            return [row[0] for row in cursor.fetchall()]
-    finally:
-        conn.close()
-
-
 def wait_released(still_held: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while still_held():
@@ -187,7 +171,8 @@ def wait_released(still_held: Callable[[], bool], what: str, timeout_s: float = 
 
 @pytest.mark.docker
 @pytest.mark.mysql
-def test_a_client_killed_mid_episode_leaves_no_container_and_no_database(docker_client, mariadb_url):
+def test_a_client_killed_mid_episode_leaves_no_container_and_no_database(docker_client, mariadb_url,
+                                                                          mariadb_sessions):
     config = {"controller": {"port": 0, "token": TOKEN}, "openenv": {"port": 0}, "workers": [
         {"task": "os", "concurrency": 2, "options": {"split": "dev", "pool_size": 1}},
         {"task": "db", "concurrency": 2, "options": {"backend": "mysql", "mysql_url": mariadb_url}}]}
@@ -199,7 +184,7 @@ def test_a_client_killed_mid_episode_leaves_no_container_and_no_database(docker_
         return bool(containers(id=hostname.strip()))
 
     def held_database(result: str) -> bool:  # "[('agentrl_...',)]"
-        return any(name in result for name in session_databases(mariadb_url))
+        return any(name in result for name in mariadb_sessions()[0])
 
     with EnvStack(config, startup_timeout=STARTUP_TIMEOUT_S) as stack:
         for task, index, tool, arguments, holds in [

@@ -8,16 +8,13 @@ import asyncio
 import glob
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import pymysql
 import pytest
 
 from env_adapters.client import EnvClient
 from env_adapters.launcher import EnvStack
 from env_adapters.protocol import SampleStatus
 from env_adapters.sandbox.mariadb import DIR_PREFIX, reap_stale_servers
-from env_adapters.tasks.dbbench.backends import DB_PREFIX
 from env_adapters.tasks.dbbench.items import is_hash_scored, load_items
 
 pytestmark = [pytest.mark.slow, pytest.mark.mysql]
@@ -57,22 +54,6 @@ def call(name, **arguments):
     return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": function}]}
 
 
-def server_state(url: str) -> tuple[list[str], int]:
-    """Our session databases on the server, and connections of session users."""
-    parts = urlsplit(url)
-    conn = pymysql.connect(host=parts.hostname, port=parts.port, user="root")
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-                           (DB_PREFIX.replace("_", r"\_") + "%",))
-            databases = [r[0] for r in cursor.fetchall()]
-            cursor.execute("SELECT count(*) FROM information_schema.processlist WHERE user LIKE %s",
-                           (DB_PREFIX.replace("_", r"\_") + "%",))
-            return databases, cursor.fetchone()[0]
-    finally:
-        conn.close()
-
-
 @pytest.fixture(scope="module")
 def stack(env_stack, mariadb_url):
     return env_stack("db", options={"backend": "mysql", "mysql_url": mariadb_url, "statement_timeout": 1.0},
@@ -94,7 +75,7 @@ async def episode(env: EnvClient, index: int, sql: str | None, answers: list[str
     return done.reward
 
 
-async def test_oracle_and_wrong_answers(stack, mariadb_url):
+async def test_oracle_and_wrong_answers(stack, mariadb_sessions):
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def limited(coro):
@@ -110,14 +91,14 @@ async def test_oracle_and_wrong_answers(stack, mariadb_url):
     assert dict(zip(sorted(ORACLE_SQL), oracle, strict=True)) == {i: 1.0 for i in ORACLE_SQL}
     assert len([i for i in ORACLE_SQL if is_hash_scored(ITEMS[i])]) == 40
     assert set(wrong) == {0.0}
-    assert server_state(mariadb_url) == ([], 0)
+    assert mariadb_sessions() == ([], 0)
 
 
-async def test_hostile_and_cancelled_sessions_leave_nothing(stack, mariadb_url):
+async def test_hostile_and_cancelled_sessions_leave_nothing(stack, mariadb_sessions):
     async with EnvClient(stack.url) as env:
         victim = await env.start_sample("db", 3)
         attacker = await env.start_sample("db", 3)
-        databases, _ = server_state(mariadb_url)
+        databases, _ = mariadb_sessions()
         assert len(databases) == 2
         for name in databases:  # the victim's and its own (which it may drop)
             reply = await env.interact(attacker.session_id, call("execute_sql", query=f"DROP DATABASE `{name}`"))
@@ -134,9 +115,9 @@ async def test_hostile_and_cancelled_sessions_leave_nothing(stack, mariadb_url):
         await env.cancel(attacker.session_id)
         await asyncio.wait([sleeping])
     deadline = time.monotonic() + 10
-    while server_state(mariadb_url) != ([], 0) and time.monotonic() < deadline:
+    while mariadb_sessions() != ([], 0) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert server_state(mariadb_url) == ([], 0)
+    assert mariadb_sessions() == ([], 0)
 
 
 def test_killed_worker_takes_its_server_along(tmp_path):
