@@ -124,7 +124,8 @@ class OpenEnvSession(Session):
         status = SampleStatus.RUNNING
         if result.done:
             named = (observation.get("metadata") or {}).get("status")
-            status = SampleStatus(named) if named in {s.value for s in SampleStatus} else SampleStatus.COMPLETED
+            ended = {s.value for s in SampleStatus if s.finished}
+            status = SampleStatus(named) if named in ended else SampleStatus.COMPLETED
         elif self.rounds >= self.task.max_rounds:
             status = SampleStatus.COMPLETED if self.task.end_at_limit else SampleStatus.TASK_LIMIT_REACHED
         # An empty reply to the step that ends the episode says nothing: no message (as a native family's last step).
